@@ -1,0 +1,105 @@
+"""Shared benchmark plumbing: CUDA-event timing, peak memory, float64 error, and the result file (DESIGN.md).
+
+Every result file is one JSON object: bench, device, torch, triton, commit, command, versions, rows.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+
+def median_ms(fn: Callable[[int], object], *, warmup: int = 5, reps: int = 30, rotate: int = 1) -> float:
+    """Median time of ``fn(r)`` in milliseconds by CUDA events, after warm-up; ``r`` cycles through the input sets
+    (so repeated calls do not time an L2 that already holds the inputs)."""
+    for r in range(warmup):
+        fn(r % rotate)
+    torch.cuda.synchronize()
+    times = []
+    for r in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(r % rotate)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def peak_mib(fn: Callable[[], object]) -> float:
+    """Peak device memory (MiB) that ``fn`` allocates above what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative Frobenius error of x against a float64 reference."""
+    return ((x.double() - ref).norm() / ref.norm()).item()
+
+
+def git_commit() -> str:
+    """The commit measured: MINI_OF3_COMMIT when set (the GPU machine gets a copy of the tree without .git)."""
+    if os.environ.get("MINI_OF3_COMMIT"):
+        return os.environ["MINI_OF3_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def package_versions(names: Sequence[str]) -> dict[str, str]:
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def result_header(bench: str, versions: dict[str, str] | None = None) -> dict:
+    import triton
+    return {
+        "bench": bench,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "commit": git_commit(),
+        "command": "python -m mini_of3.bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "versions": versions or {},
+        "rows": [],
+    }
+
+
+def write_json(result: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(path)
+
+
+def print_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
+    """Print rows as a fixed-width table; columns are (key, header, format)."""
+    widths = [max(len(header), 8) for _, header, _ in columns]
+    print("  ".join(h.rjust(w) for (_, h, _), w in zip(columns, widths)))
+    for row in rows:
+        cells = []
+        for (key, _, fmt), w in zip(columns, widths):
+            value = row.get(key)
+            cells.append(("-" if value is None else format(value, fmt)).rjust(w))
+        print("  ".join(cells))

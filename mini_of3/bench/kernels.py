@@ -1,0 +1,179 @@
+"""``python -m mini_of3.bench kernels``: triangle attention, mini_of3 against every anchor, side by side, one process.
+
+For each N and D: forward and forward+backward time (median of CUDA-event timings after warm-up and autotuning,
+three input sets rotated), TFLOP/s (forward 4*B*I*H*J*K*D, forward+backward 3.5x), peak memory, relative error of
+the output and the four gradients against a float64 reference (computed in chunks of rows), and whether five
+repeats are bitwise identical. Inputs: B = 1, H = 4, bf16 q/k/v, float32 bias (cast to bf16 for the anchors that
+take only the input dtype), the last N/16 keys masked out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from mini_of3.bench.anchors import FACTORIES, Impl, load_impls
+from mini_of3.bench.common import (median_ms, package_versions, peak_mib, print_table, rel_err, result_header,
+                                   write_json)
+from mini_of3.kernels import triangle_attention_ref
+
+GRAD_NAMES = ("o", "dq", "dk", "dv", "dbias")
+# The floor at N = 768, H = 4, D = 32 named in issue 3 (one exp per score on the special-function units for the
+# forward; about three times that for forward + backward), scaled by N^3 and H for other shapes.
+FLOOR_768_MS = {"fwd": 0.5, "fwdbwd": 1.5}
+
+
+def make_inputs(n: int, d: int, heads: int, seed: int, device: str = "cuda"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    q, k, v, do = (torch.randn(1, n, n, heads, d, device=device, generator=g).to(torch.bfloat16) for _ in range(4))
+    bias = torch.randn(1, heads, n, n, device=device, generator=g)
+    mask = torch.ones(1, n, n, dtype=torch.bool, device=device)
+    mask[..., n - max(1, n // 16):] = False
+    return q, k, v, bias, mask, do
+
+
+def reference_fp64(q, k, v, bias, mask, do, rows_per_chunk: int = 32) -> list[torch.Tensor]:
+    """Output and gradients in float64, rows i in chunks (they are independent except for the bias gradient)."""
+    bias64 = bias.double()
+    outs = {name: [] for name in GRAD_NAMES[:4]}
+    dbias = torch.zeros_like(bias64)
+    for i0 in range(0, q.shape[1], rows_per_chunk):
+        rows = slice(i0, i0 + rows_per_chunk)
+        leaves = [t[:, rows].double().requires_grad_(True) for t in (q, k, v)]
+        b = bias64.clone().requires_grad_(True)
+        o = triangle_attention_ref(*leaves, b, mask[:, rows])
+        o.backward(do[:, rows].double())
+        for name, t in zip(GRAD_NAMES[:4], [o.detach()] + [x.grad for x in leaves]):
+            outs[name].append(t)
+        dbias += b.grad
+    return [torch.cat(outs[name], dim=1) for name in GRAD_NAMES[:4]] + [dbias]
+
+
+def run_grads(impl: Impl, native, do_native) -> list[torch.Tensor]:
+    q, k, v, bias, mask = native
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, bias)]
+    o = impl.call(*leaves, mask)
+    grads = torch.autograd.grad(o, leaves, do_native)
+    return [impl.back(o.detach(), "qkvo")] + [impl.back(g, "qkvo") for g in grads[:3]] + [impl.back(grads[3], "bias")]
+
+
+def measure(impl: Impl, n: int, d: int, heads: int, *, check: bool, reference, reps: int) -> dict:
+    row = {"impl": impl.name, "N": n, "D": d, "H": heads, "dtype": "bf16", "bias_dtype": impl.bias_dtype}
+    sets = [make_inputs(n, d, heads, seed) for seed in range(3)]
+    natives = [impl.native(*s[:5]) for s in sets]
+    dos = [impl.native(s[5], s[5], s[5], s[3], s[4])[0] for s in sets]   # dO laid out as the impl's q
+    with torch.no_grad():
+        row["fwd_ms"] = median_ms(lambda r: impl.call(*natives[r]), reps=reps, rotate=3)
+    leaves = [[t.detach().clone().requires_grad_(True) for t in nat[:4]] for nat in natives]
+
+    def fwdbwd(r):
+        o = impl.call(*leaves[r], natives[r][4])
+        torch.autograd.grad(o, leaves[r], dos[r])
+    row["fwdbwd_ms"] = median_ms(fwdbwd, reps=reps, rotate=3)
+    row["peak_mib"] = peak_mib(lambda: fwdbwd(0))
+    flops = 4 * n**3 * heads * d
+    row["fwd_tflops"] = flops / row["fwd_ms"] / 1e9
+    row["fwdbwd_tflops"] = 3.5 * flops / row["fwdbwd_ms"] / 1e9
+    floor_scale = (n / 768) ** 3 * heads / 4
+    row["floor_ratio_fwd"] = row["fwd_ms"] / (FLOOR_768_MS["fwd"] * floor_scale)
+    row["floor_ratio_fwdbwd"] = row["fwdbwd_ms"] / (FLOOR_768_MS["fwdbwd"] * floor_scale)
+    if check:
+        first = run_grads(impl, natives[0], dos[0])
+        row["err"] = {name: rel_err(g, r) for name, g, r in zip(GRAD_NAMES, first, reference)}
+        same = {name: True for name in GRAD_NAMES}
+        for _ in range(4):   # five runs in all
+            again = run_grads(impl, natives[0], dos[0])
+            for name, a, b in zip(GRAD_NAMES, first, again):
+                same[name] = same[name] and torch.equal(a, b)
+        row["bitwise_each"] = same
+        row["bitwise"] = all(same.values())
+    return row
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ds = sorted({r["D"] for r in rows})
+    fig, axes = plt.subplots(len(ds), 2, figsize=(11, 4 * len(ds)), squeeze=False)
+    for a, d in enumerate(ds):
+        for b, key in enumerate(("fwd_ms", "fwdbwd_ms")):
+            ax = axes[a][b]
+            for name in dict.fromkeys(r["impl"] for r in rows):
+                pts = sorted((r["N"], r[key]) for r in rows if r["impl"] == name and r["D"] == d and key in r)
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=name, lw=2.5 if name == "mini_of3" else 1.2)
+            ax.set_yscale("log")
+            ax.set_xlabel("N (tokens)")
+            ax.set_ylabel("ms (median)")
+            ax.set_title(f"triangle attention {'forward' if b == 0 else 'forward + backward'}, H=4, D={d}, bf16")
+            ax.grid(alpha=0.3, which="both")
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m mini_of3.bench kernels", description=__doc__)
+    parser.add_argument("--ns", default="256,384,512,640,768")
+    parser.add_argument("--ds", default="32,16")
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--impls", default="mini_of3,mini_of3_bf16bias,cueq,trifast,of3_triton,torch")
+    parser.add_argument("--check-ns", default="all", help="N values with float64 errors and bitwise repeats")
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--tag", default="", help="suffix of the result file names")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("the kernel benchmark needs a CUDA GPU")
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    names = [n for n in args.impls.split(",") if n]
+    unknown = [n for n in names if n not in FACTORIES]
+    if unknown:
+        raise SystemExit(f"unknown impls {unknown}; known: {sorted(FACTORIES)}")
+    impls, skipped = load_impls(names)
+    result = result_header("kernels", package_versions(
+        ["trifast", "cuequivariance", "cuequivariance-torch", "cuequivariance-ops-torch-cu13", "openfold3"]))
+    result["skipped"] = skipped
+    result["shapes"] = {"B": 1, "H": args.heads, "mask": "last N/16 keys masked", "dtype": "bf16"}
+    for name, why in skipped.items():
+        print(f"skipped {name}: {why}", flush=True)
+    out = Path(args.out)
+    stem = f"kernels{('_' + args.tag) if args.tag else ''}"
+    check_ns = None if args.check_ns == "all" else {int(x) for x in args.check_ns.split(",") if x}
+    for d in (int(x) for x in args.ds.split(",")):
+        for n in (int(x) for x in args.ns.split(",")):
+            check = check_ns is None or n in check_ns
+            t0 = time.time()
+            reference = reference_fp64(*make_inputs(n, d, args.heads, 0)) if check else None
+            if check:
+                print(f"float64 reference N={n} D={d}: {time.time() - t0:.1f}s", flush=True)
+            for impl in impls:
+                try:
+                    row = measure(impl, n, d, args.heads, check=check, reference=reference, reps=args.reps)
+                except Exception as err:
+                    row = {"impl": impl.name, "N": n, "D": d, "error": f"{type(err).__name__}: {str(err)[:300]}"}
+                    traceback.print_exc(limit=4)
+                torch.cuda.empty_cache()
+                result["rows"].append(row)
+                print(json.dumps(row), flush=True)
+                write_json(result, out / f"{stem}.json")
+            reference = None
+            torch.cuda.empty_cache()
+    rows = [r for r in result["rows"] if "error" not in r]
+    plot(rows, out / f"{stem}.png")
+    print()
+    print_table(rows, [("impl", "impl", "s"), ("N", "N", "d"), ("D", "D", "d"), ("fwd_ms", "fwd ms", ".3f"),
+                       ("fwdbwd_ms", "fwd+bwd ms", ".3f"), ("fwd_tflops", "fwd TF/s", ".0f"),
+                       ("fwdbwd_tflops", "f+b TF/s", ".0f"), ("peak_mib", "peak MiB", ".0f")])
+    for r in rows:
+        if "err" in r:
+            errs = " ".join(f"{k} {v:.1e}" for k, v in r["err"].items())
+            print(f"{r['impl']:>18s} N={r['N']}: {errs}  bitwise={r['bitwise']}")
+    print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
+

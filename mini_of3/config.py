@@ -1,0 +1,272 @@
+"""One dataclass tree for a whole run: loaded from YAML, overridden by ``key=value``, validated, saved with the run.
+
+Every module receives only its own section (``cfg.data``, ``cfg.model`` ...), never the whole tree.
+The key names used by scripts and docs (DESIGN.md, Training) are fixed: ``seed``, ``wandb``, ``data.root``,
+``data.cache_dir``, ``data.val_ids``, ``data.crop_size``, ``data.num_workers``, ``model.n_blocks``, ``model.c_s``,
+``model.c_z``, ``model.n_recycles``, ``model.tri_attn_backend``, ``model.tri_mul_backend``,
+``model.tri_attn_activation``, ``trainer.max_steps``, ``trainer.out_dir``, ``trainer.resume``,
+``trainer.checkpoint_every``, ``trainer.val_every``, ``trainer.compile``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad key or value in a config file or a ``key=value`` override; the message is one clear line."""
+
+
+@dataclass
+class DataConfig:
+    root: str = "data/mmcif"                 # folder of raw mmCIF files (prepared into cache_dir on first use)
+    cache_dir: str = "data/cache"            # prepared .npz folder (manifest.tsv, skipped.tsv)
+    offline_package: bool = True             # root empty -> fetch the mdanalysistests entries into root first
+    val_ids: list[str] = field(default_factory=list)   # explicit validation entries (never trained on)
+    val_after: str | None = None             # else: entries released after this date (YYYY-MM-DD) validate
+    crop_size: int = 256
+    crop_weights: list[float] = field(default_factory=lambda: [0.2, 0.4, 0.4])  # contiguous, spatial, interface
+    interface_distance: float = 15.0         # Angstrom, AF3 SI 2.7.2
+    min_tokens: int = 16
+    max_tokens: int | None = None
+    max_resolution: float | None = 9.0       # Angstrom; None keeps all (NMR has no resolution)
+    methods: list[str] = field(default_factory=list)  # empty keeps every experimental method
+    sample_weighting: Literal["uniform", "length", "chains"] = "chains"
+    batch_size: int = 1
+    num_workers: int = 2
+
+
+@dataclass
+class ModelConfig:
+    n_blocks: int = 2
+    c_s: int = 384
+    c_z: int = 128
+    n_heads_tri: int = 4
+    c_hidden_tri: int = 32
+    n_heads_single: int = 16
+    c_hidden_mul: int = 128
+    transition_factor: int = 4
+    pair_dropout: float = 0.25
+    n_recycles: int = 3                      # training samples 0..n_recycles per step; inference uses n_recycles
+    tri_attn_backend: Literal["auto", "mini_of3", "torch", "trifast", "cueq", "of3_triton"] = "auto"
+    tri_mul_backend: Literal["auto", "mini_of3", "torch", "cueq"] = "auto"
+    tri_attn_activation: Literal["softmax", "sigmoid"] = "softmax"
+    checkpointing: bool = True               # activation checkpointing per Pairformer block
+    distogram_bins: int = 64
+    distogram_min: float = 2.0
+    distogram_max: float = 22.0
+    plddt_bins: int = 50
+    diffusion_blocks: int = 2
+    diffusion_heads: int = 8
+    c_token: int = 256                       # diffusion transformer width
+    sigma_data: float = 16.0
+    diffusion_samples: int = 8               # noise levels / augmentations per structure per step (AF3: 48)
+    sampling_steps: int = 50
+
+
+@dataclass
+class LossConfig:
+    distogram: float = 1.0
+    diffusion: float = 4.0
+    smooth_lddt: float = 1.0
+    plddt: float = 0.01
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1.8e-3                       # AF3 SI 5.4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    warmup_steps: int = 1000
+    decay_every: int = 50_000
+    decay_factor: float = 0.95
+    grad_clip: float = 10.0
+    ema_decay: float = 0.999
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 200
+    out_dir: str = "runs/default"
+    resume: str = "auto"                     # auto | never | PATH
+    checkpoint_every: int = 50
+    keep_last: int = 2
+    val_every: int = 50
+    val_samples: int = 1
+    log_every: int = 1
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    grad_accum: int = 1
+    compile: bool = False
+    max_nonfinite: int = 5                   # stop after this many non-finite losses in a row
+    stall_timeout_s: float = 1800.0          # a collective that waits longer than this ends the run with a message
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    wandb: bool = True
+    wandb_project: str = "mini_of3"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# loading, overriding, validating, saving
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert ``value`` (from YAML or a command-line string) to the annotated type ``tp`` or raise ConfigError."""
+    origin = get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = get_args(tp)
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in options:
+                return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, key)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if errors else f"{key}: got {value!r}, expected {tp}")
+    if origin is Literal:
+        allowed = get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"{key}: got {value!r}, expected one of {', '.join(map(str, allowed))}")
+        return value
+    if origin is list:
+        (item_type,) = get_args(tp)
+        if isinstance(value, str):
+            value = yaml.safe_load(value) if value.strip().startswith("[") else [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: got {value!r}, expected a list")
+        return [_coerce(v, item_type, key) for v in value]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            return value.lower() in ("true", "1", "yes", "on")
+        raise ConfigError(f"{key}: got {value!r}, expected true or false")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: got {value!r}, expected an integer")
+        try:
+            as_float = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: got {value!r}, expected an integer") from None
+        if as_float != int(as_float):
+            raise ConfigError(f"{key}: got {value!r}, expected an integer")
+        return int(as_float)
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: got {value!r}, expected a number")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: got {value!r}, expected a number") from None
+    if tp is str:
+        if value is None or isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}: got {value!r}, expected a string")
+        return str(value)
+    raise ConfigError(f"{key}: unsupported type {tp}")
+
+
+def _set(node: Any, dotted: str, value: Any, full_key: str) -> None:
+    head, _, rest = dotted.partition(".")
+    names = {f.name for f in dataclasses.fields(node)}
+    if head not in names:
+        raise ConfigError(f"unknown config key {full_key!r} (known here: {', '.join(sorted(names))})")
+    hints = get_type_hints(type(node))
+    current = getattr(node, head)
+    if dataclasses.is_dataclass(current):
+        if rest:
+            _set(current, rest, value, full_key)
+            return
+        if not isinstance(value, dict):
+            raise ConfigError(f"{full_key}: expected a mapping of keys, got {value!r}")
+        for sub_key, sub_value in value.items():
+            _set(current, str(sub_key), sub_value, f"{full_key}.{sub_key}")
+        return
+    if rest:
+        raise ConfigError(f"unknown config key {full_key!r} ({head!r} has no sub-keys)")
+    setattr(node, head, _coerce(value, hints[head], full_key))
+
+
+def _validate(cfg: Config) -> None:
+    checks = [
+        (cfg.data.crop_size >= 1, "data.crop_size must be >= 1"),
+        (len(cfg.data.crop_weights) == 3 and all(w >= 0 for w in cfg.data.crop_weights)
+         and sum(cfg.data.crop_weights) > 0, "data.crop_weights must be three non-negative numbers, not all zero"),
+        (cfg.data.batch_size >= 1, "data.batch_size must be >= 1"),
+        (cfg.data.num_workers >= 0, "data.num_workers must be >= 0"),
+        (cfg.model.n_blocks >= 1, "model.n_blocks must be >= 1"),
+        (cfg.model.c_s >= 1 and cfg.model.c_z >= 1, "model.c_s and model.c_z must be >= 1"),
+        (cfg.model.n_recycles >= 0, "model.n_recycles must be >= 0"),
+        (cfg.model.c_hidden_tri in (16, 32, 64, 128), "model.c_hidden_tri must be one of 16, 32, 64, 128"),
+        (0.0 <= cfg.model.pair_dropout < 1.0, "model.pair_dropout must be in [0, 1)"),
+        (cfg.optim.lr > 0, "optim.lr must be > 0"),
+        (0.0 <= cfg.optim.ema_decay < 1.0, "optim.ema_decay must be in [0, 1)"),
+        (cfg.trainer.max_steps >= 0, "trainer.max_steps must be >= 0"),
+        (cfg.trainer.checkpoint_every >= 1, "trainer.checkpoint_every must be >= 1"),
+        (cfg.trainer.val_every >= 1, "trainer.val_every must be >= 1"),
+        (cfg.trainer.grad_accum >= 1, "trainer.grad_accum must be >= 1"),
+        (cfg.trainer.keep_last >= 1, "trainer.keep_last must be >= 1"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Build a Config from defaults, then a YAML file, then ``key=value`` overrides; raise ConfigError on bad input."""
+    cfg = Config()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {str(err).splitlines()[0]}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys")
+        for key, value in loaded.items():
+            _set(cfg, str(key), value, str(key))
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            value = raw
+        _set(cfg, key.strip(), value, key.strip())
+    _validate(cfg)
+    return cfg
+
+
+def config_to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def config_from_dict(values: dict) -> Config:
+    cfg = Config()
+    for key, value in values.items():
+        _set(cfg, key, value, key)
+    _validate(cfg)
+    return cfg
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))

@@ -1,0 +1,62 @@
+"""Plain PyTorch references for mini_of3's kernels: any device, any dtype; in float64 they are the tests' oracle.
+
+Half-precision inputs keep their statistics (scores, softmax, sigmoid) in float32, as the kernels do, so that the
+``backend="torch"`` path of the model is a fair eager baseline. In float64 everything stays in float64.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def triangle_attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    activation: str = "softmax",
+    scale: float | None = None,
+    sigmoid_bias: float | None = None,
+) -> torch.Tensor:
+    """Triangle attention around the starting node (AF3 SI Alg 14, the attention part), one row i at a time.
+
+    o[b, i, j, h] = sum_k p[b, i, h, j, k] * v[b, i, k, h], with scores
+    s = scale * q[b, i, j, h] . k[b, i, k, h] + bias[b, h, j, k] over the keys k where mask[b, i, k] is True, and
+    p = softmax_k(s) (activation="softmax") or p = sigmoid(s + beta_i) (activation="sigmoid"), where
+    beta_i = -log(number of valid keys in row i) unless ``sigmoid_bias`` is given.
+    A row with no valid key gives zeros.
+
+    Args:
+        q, k, v: [B, I, J, H, D]
+        bias: [B, H, J, K] (K == J), shared by every row i
+        mask: [B, I, K] bool, True = attend; None = all keys valid
+    Returns:
+        o: [B, I, J, H, D] in q's dtype
+    """
+    B, I, J, H, D = q.shape
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    stat = _stat_dtype(q.dtype)
+    if mask is None:
+        mask = torch.ones(B, I, J, dtype=torch.bool, device=q.device)
+    scores = torch.einsum("bijhd,bikhd->bihjk", q, k).to(stat) * scale + bias.to(stat)[:, None]  # [B, I, H, J, K]
+    key_valid = mask[:, :, None, None, :]                                                         # [B, I, 1, 1, K]
+    if activation == "softmax":
+        scores = scores.masked_fill(~key_valid, torch.finfo(stat).min)
+        probs = torch.softmax(scores, dim=-1) * key_valid          # a fully masked row gives all zeros, no NaN
+    elif activation == "sigmoid":
+        if sigmoid_bias is None:
+            n_valid = mask.sum(-1).clamp(min=1).to(stat)            # [B, I]
+            beta = -torch.log(n_valid)[:, :, None, None, None]
+        else:
+            beta = float(sigmoid_bias)
+        probs = torch.sigmoid(scores + beta) * key_valid
+    else:
+        raise ValueError(f"activation must be 'softmax' or 'sigmoid', got {activation!r}")
+    return torch.einsum("bihjk,bikhd->bijhd", probs.to(v.dtype), v)

@@ -1,0 +1,307 @@
+"""Triton kernels of the fused triangle attention (AF3 SI Alg 14/15, the attention with a pair bias).
+
+The problem is B*I*H independent attentions of J queries over K = J keys, all rows i of one (b, h) sharing one bias
+tile set [J, K]. Layouts (DESIGN.md): q, k, v, o [B, I, J, H, D] with any strides; bias [B, H, J, K]; mask [B, I, K];
+row statistics lse and delta [B, H, I, J] float32, the log-sum-exp kept in base 2.
+
+Kernels:
+    _fwd            one program per (query tile jb, head h, row i, batch b); online softmax or plain sigmoid.
+    _delta          delta = rowsum(dO * O) in float32, with O = o + o_lo (the forward's rounding residual), so the
+                    bf16 rounding of the output does not leak into dS.
+    _bwd_dqkv       one program per (b, i, h): outer loop over key tiles (dK, dV in registers), inner loop over query
+                    tiles; dQ is accumulated in a float32 scratch row owned by this program only (read-modify-write
+                    in program order), so the three gradients need no atomics and repeat bitwise.
+    _bwd_dbias      one program per (key tile, query tile, h, b, chunk of rows): the bias tile stays in registers and
+                    dS is summed over the rows i of the chunk in order; chunks (only when the grid would otherwise
+                    be too small to fill the GPU) are summed afterwards, in order, by _sum_chunks.
+J_BUCKET (the next power of two of J) is unused by the kernels: it is the autotuning key.
+Probabilities are recomputed once in _bwd_dqkv for three gradients and once in _bwd_dbias for the fourth.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _load_tile(ptr, offs_rows, offs_d, stride_row, stride_d, n_rows):
+    return tl.load(ptr + offs_rows[:, None] * stride_row + offs_d[None, :] * stride_d,
+                   mask=offs_rows[:, None] < n_rows, other=0.0)
+
+
+@triton.jit
+def _key_valid(MASK, m_base, offs_k, sm_k, J, HAS_MASK: tl.constexpr):
+    valid = offs_k < J
+    if HAS_MASK:
+        valid = valid & (tl.load(MASK + m_base + offs_k * sm_k, mask=offs_k < J, other=0) != 0)
+    return valid
+
+
+@triton.jit
+def _dot(a, b, DOT_PREC: tl.constexpr):
+    """a @ b accumulated in float32. DOT_PREC "upcast" (the interpreter, whose bf16 dot is wrong in triton 3.9)
+    multiplies the same values in float32, which is exact for 16-bit operands."""
+    if DOT_PREC == "upcast":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=DOT_PREC)
+
+
+@triton.jit
+def _dot_split(p, x, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """p @ x with p (float32) rounded to x's dtype; SPLIT adds the product of the rounding residual (hi + lo)."""
+    p_hi = p.to(x.dtype)
+    out = _dot(p_hi, x, DOT_PREC)
+    if SPLIT:
+        p_lo = (p - p_hi.to(tl.float32)).to(x.dtype)
+        out += _dot(p_lo, x, DOT_PREC)
+    return out
+
+
+@triton.jit
+def _fwd(Q, K, V, BIAS, MASK, BETA, O, O_LO, LSE,
+         sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
+         sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k,
+         so_b, so_i, so_j, so_h, so_d,
+         B, I, J, H, scale, J_BUCKET,
+         HAS_MASK: tl.constexpr, SIGMOID: tl.constexpr, STORE_LSE: tl.constexpr, STORE_LO: tl.constexpr,
+         SPLIT: tl.constexpr,
+         DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+    # program order: query tile fastest, then head, then row: the programs in flight share rows i (their k and v
+    # are read from HBM once) and the bias of every head stays in L2.
+    pid = tl.program_id(0)
+    n_jb = tl.cdiv(J, BLOCK_J)
+    jb = pid % n_jb
+    h = (pid // n_jb) % H
+    i = (pid // (n_jb * H)) % I
+    b = pid // (n_jb * H * I)
+    b64 = b.to(tl.int64)
+    i64 = i.to(tl.int64)
+
+    offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_kt = tl.arange(0, BLOCK_K)
+    q = _load_tile(Q + b64 * sq_b + i64 * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)     # [BJ, D]
+    k_base = K + b64 * sk_b + i64 * sk_i + h * sk_h
+    v_base = V + b64 * sv_b + i64 * sv_i + h * sv_h
+    bias_base = BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j
+    m_base = b64 * sm_b + i64 * sm_i
+
+    acc = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
+    if SIGMOID:
+        beta = tl.load(BETA + b64 * I + i64)
+    else:
+        m_run = tl.full([BLOCK_J], float("-inf"), dtype=tl.float32)
+        l_run = tl.zeros([BLOCK_J], dtype=tl.float32)
+    for k0 in range(0, J, BLOCK_K):
+        offs_k = k0 + offs_kt
+        valid = _key_valid(MASK, m_base, offs_k, sm_k, J, HAS_MASK)                          # [BK]
+        k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                  # [BK, D]
+        v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                  # [BK, D]
+        bias = tl.load(bias_base + offs_k[None, :] * sb_k,
+                       mask=(offs_j[:, None] < J) & (offs_k[None, :] < J), other=0.0).to(tl.float32)
+        s = _dot(q, tl.trans(k), DOT_PREC)                                                     # [BJ, BK]
+        if SIGMOID:
+            x = s * scale + bias + beta
+            p = tl.where(valid[None, :], 1.0 / (1.0 + tl.exp2(-x * 1.4426950408889634)), 0.0)
+            acc += _dot_split(p, v, SPLIT, DOT_PREC)
+        else:
+            s2 = tl.where(valid[None, :], (s * scale + bias) * 1.4426950408889634, float("-inf"))
+            m_new = tl.maximum(m_run, tl.max(s2, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s2 - m_safe[:, None])
+            alpha = tl.exp2(m_run - m_safe)
+            l_run = l_run * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + _dot_split(p, v, SPLIT, DOT_PREC)
+            m_run = m_new
+    if not SIGMOID:
+        has_key = l_run > 0.0
+        acc = acc / tl.where(has_key, l_run, 1.0)[:, None]
+    o_ptrs = b64 * so_b + i64 * so_i + h * so_h + offs_j[:, None] * so_j + offs_d[None, :] * so_d
+    o = acc.to(O.dtype.element_ty)
+    tl.store(O + o_ptrs, o, mask=offs_j[:, None] < J)
+    if STORE_LO:   # the rounding residual of o, so that the backward's delta = rowsum(dO * O) is exact
+        tl.store(O_LO + o_ptrs, (acc - o.to(tl.float32)).to(O.dtype.element_ty), mask=offs_j[:, None] < J)
+    if STORE_LSE:
+        lse = tl.where(has_key, m_run + tl.log2(tl.where(has_key, l_run, 1.0)), float("inf"))
+        tl.store(LSE + ((b64 * H + h) * I + i64) * J + offs_j, lse, mask=offs_j < J)
+
+
+@triton.jit
+def _delta(O, O_LO, DO, DELTA,
+           so_b, so_i, so_j, so_h, so_d, sd_b, sd_i, sd_j, sd_h, sd_d,
+           I, J, H, HAS_LO: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid = tl.program_id(0)
+    n_jb = tl.cdiv(J, BLOCK_J)
+    jb = pid % n_jb
+    h = (pid // n_jb) % H
+    i = (pid // (n_jb * H)) % I
+    b = pid // (n_jb * H * I)
+    b64 = b.to(tl.int64)
+    i64 = i.to(tl.int64)
+    offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
+    offs_d = tl.arange(0, BLOCK_D)
+    o_base = b64 * so_b + i64 * so_i + h * so_h
+    o = _load_tile(O + o_base, offs_j, offs_d, so_j, so_d, J).to(tl.float32)
+    if HAS_LO:
+        o += _load_tile(O_LO + o_base, offs_j, offs_d, so_j, so_d, J).to(tl.float32)
+    do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J).to(tl.float32)
+    tl.store(DELTA + ((b64 * H + h) * I + i64) * J + offs_j, tl.sum(o * do, 1), mask=offs_j < J)
+
+
+@triton.jit
+def _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID: tl.constexpr):
+    """The forward's log-sum-exp (base 2) and delta = rowsum(dO * O) of one query tile; unused by sigmoid."""
+    if SIGMOID:
+        lse = tl.zeros(offs_j.shape, dtype=tl.float32)
+        delta = lse
+    else:
+        lse = tl.load(LSE + row_base + offs_j, mask=in_j, other=float("inf"))
+        delta = tl.load(DELTA + row_base + offs_j, mask=in_j, other=0.0)
+    return lse, delta
+
+
+@triton.jit
+def _probs_and_dscores(q, k, v, do, bias, valid_k, lse, delta, beta, scale,
+                       SIGMOID: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Recompute p [BJ, BK] and dS = dL/d(score) [BJ, BK] for one tile (scores s = scale q.k + bias)."""
+    s = _dot(q, tl.trans(k), DOT_PREC)
+    dp = _dot(do, tl.trans(v), DOT_PREC)
+    if SIGMOID:
+        x = s * scale + bias + beta
+        p = tl.where(valid_k[None, :], 1.0 / (1.0 + tl.exp2(-x * 1.4426950408889634)), 0.0)
+        ds = dp * p * (1.0 - p)
+    else:
+        p = tl.exp2((s * scale + bias) * 1.4426950408889634 - lse[:, None])
+        p = tl.where(valid_k[None, :], p, 0.0)
+        ds = p * (dp - delta[:, None])
+    return p, ds
+
+
+@triton.jit
+def _bwd_dqkv(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
+              sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
+              sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
+              sg_b, sg_i, sg_j, sg_h, sg_d,
+              B, I, J, H, scale, J_BUCKET,
+              HAS_MASK: tl.constexpr, SIGMOID: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
+              BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid = tl.program_id(0)
+    h = pid % H
+    i = (pid // H) % I
+    b = pid // (H * I)
+    b64 = b.to(tl.int64)
+    i64 = i.to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_jt = tl.arange(0, BLOCK_J)
+    offs_kt = tl.arange(0, BLOCK_K)
+    q_base = Q + b64 * sq_b + i64 * sq_i + h * sq_h
+    do_base = DO + b64 * sd_b + i64 * sd_i + h * sd_h
+    k_base = K + b64 * sk_b + i64 * sk_i + h * sk_h
+    v_base = V + b64 * sv_b + i64 * sv_i + h * sv_h
+    bias_base = BIAS + b64 * sb_b + h * sb_h
+    m_base = b64 * sm_b + i64 * sm_i
+    row_base = ((b64 * H + h) * I + i64) * J                      # into LSE, DELTA [B, H, I, J]
+    acc_base = DQ_ACC + ((b64 * I + i64) * H + h) * J * BLOCK_D     # this program's own float32 dQ row [J, D]
+    g_base = b64 * sg_b + i64 * sg_i + h * sg_h                   # into DQ, DK, DV (same layout)
+    if SIGMOID:
+        beta = tl.load(BETA + b64 * I + i64)
+    else:
+        beta = 0.0
+
+    for k0 in range(0, J, BLOCK_K):
+        tl.debug_barrier()   # every thread sees the dQ row as the last key tile left it
+        offs_k = k0 + offs_kt
+        valid_k = _key_valid(MASK, m_base, offs_k, sm_k, J, HAS_MASK)
+        k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                   # [BK, D]
+        v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                   # [BK, D]
+        dk = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
+        # rows of dQ this key tile reads back / keeps in the scratch / writes out (the last key tile writes out)
+        rows_read = tl.where(k0 > 0, J, 0)
+        rows_keep = tl.where(k0 + BLOCK_K < J, J, 0)
+        rows_out = J - rows_keep
+        for j0 in range(0, J, BLOCK_J):
+            offs_j = j0 + offs_jt
+            in_j = offs_j < J
+            q = _load_tile(q_base, offs_j, offs_d, sq_j, sq_d, J)                               # [BJ, D]
+            do = _load_tile(do_base, offs_j, offs_d, sd_j, sd_d, J)                             # [BJ, D]
+            bias = tl.load(bias_base + offs_j[:, None] * sb_j + offs_k[None, :] * sb_k,
+                           mask=in_j[:, None] & (offs_k[None, :] < J), other=0.0).to(tl.float32)
+            lse, delta = _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID)
+            p, ds = _probs_and_dscores(q, k, v, do, bias, valid_k, lse, delta, beta, scale, SIGMOID, DOT_PREC)
+            p = tl.where(in_j[:, None], p, 0.0)
+            ds = tl.where(in_j[:, None], ds, 0.0)
+            dv += _dot_split(tl.trans(p), do, SPLIT, DOT_PREC)                                 # [BK, D]
+            dk += _dot_split(tl.trans(ds), q, SPLIT, DOT_PREC)                                 # [BK, D]
+            acc_ptrs = acc_base + offs_j[:, None] * BLOCK_D + offs_d[None, :]
+            dq = tl.load(acc_ptrs, mask=offs_j[:, None] < rows_read, other=0.0)
+            dq += _dot_split(ds, k, SPLIT, DOT_PREC)                                           # [BJ, D]
+            tl.store(acc_ptrs, dq, mask=offs_j[:, None] < rows_keep)
+            g_ptrs = g_base + offs_j[:, None] * sg_j + offs_d[None, :] * sg_d
+            tl.store(DQ + g_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=offs_j[:, None] < rows_out)
+        g_ptrs = g_base + offs_k[:, None] * sg_j + offs_d[None, :] * sg_d
+        tl.store(DK + g_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=offs_k[:, None] < J)
+        tl.store(DV + g_ptrs, dv.to(DV.dtype.element_ty), mask=offs_k[:, None] < J)
+
+
+@triton.jit
+def _bwd_dbias(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DBIAS,
+               sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
+               sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
+               so_c, so_b, so_h, so_j, so_k,
+               B, I, J, H, scale, rows_per_chunk, J_BUCKET,
+               HAS_MASK: tl.constexpr, SIGMOID: tl.constexpr, DOT_PREC: tl.constexpr,
+               BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+    # program order: key tile fastest, then query tile, head, batch, and the chunk of rows slowest, so that the
+    # programs in flight walk the same rows i together and read each row's q, k, v, dO from HBM once.
+    pid = tl.program_id(0)
+    n_kb = tl.cdiv(J, BLOCK_K)
+    n_jb = tl.cdiv(J, BLOCK_J)
+    kb = pid % n_kb
+    jb = (pid // n_kb) % n_jb
+    h = (pid // (n_kb * n_jb)) % H
+    b = (pid // (n_kb * n_jb * H)) % B
+    c = pid // (n_kb * n_jb * H * B)
+    b64 = b.to(tl.int64)
+    offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
+    offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+    offs_d = tl.arange(0, BLOCK_D)
+    in_j = offs_j < J
+    in_k = offs_k < J
+    tile_mask = in_j[:, None] & in_k[None, :]
+    bias = tl.load(BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j + offs_k[None, :] * sb_k,
+                   mask=tile_mask, other=0.0).to(tl.float32)
+    acc = tl.zeros([BLOCK_J, BLOCK_K], dtype=tl.float32)
+    i_start = c * rows_per_chunk
+    i_end = tl.minimum(i_start + rows_per_chunk, I)
+    for i in range(i_start, i_end):
+        i64 = tl.cast(i, tl.int64)
+        q = _load_tile(Q + b64 * sq_b + i64 * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)
+        do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J)
+        k = _load_tile(K + b64 * sk_b + i64 * sk_i + h * sk_h, offs_k, offs_d, sk_j, sk_d, J)
+        v = _load_tile(V + b64 * sv_b + i64 * sv_i + h * sv_h, offs_k, offs_d, sv_j, sv_d, J)
+        valid_k = _key_valid(MASK, b64 * sm_b + i64 * sm_i, offs_k, sm_k, J, HAS_MASK)
+        row_base = ((b64 * H + h) * I + i64) * J
+        lse, delta = _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID)
+        if SIGMOID:
+            beta = tl.load(BETA + b64 * I + i64)
+        else:
+            beta = 0.0
+        p, ds = _probs_and_dscores(q, k, v, do, bias, valid_k, lse, delta, beta, scale, SIGMOID, DOT_PREC)
+        acc += ds
+    out_ptrs = DBIAS + c.to(tl.int64) * so_c + b64 * so_b + h * so_h + offs_j[:, None] * so_j + offs_k[None, :] * so_k
+    tl.store(out_ptrs, acc.to(DBIAS.dtype.element_ty), mask=tile_mask)
+
+
+@triton.jit
+def _sum_chunks(PART, OUT, n_chunks, n_elem, BLOCK: tl.constexpr):
+    """OUT[x] = sum_c PART[c, x], the chunks added in order (deterministic)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n_elem
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for c in range(0, n_chunks):
+        acc += tl.load(PART + tl.cast(c, tl.int64) * n_elem + offs, mask=inside, other=0.0)
+    tl.store(OUT + offs, acc.to(OUT.dtype.element_ty), mask=inside)

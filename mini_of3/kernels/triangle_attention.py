@@ -1,0 +1,403 @@
+"""Fused triangle attention: the public function, its checks, launch configs, and the autograd-wired custom ops.
+
+    triangle_attention(q, k, v, bias, mask=None, *, activation="softmax", scale=None, sigmoid_bias=None,
+                       backend="auto") -> o
+
+q, k, v: [B, I, J, H, D] (any strides; the ending node passes transposed views), bias: [B, H, J, K] float32 or the
+input dtype, mask: [B, I, K] bool (True = attend). Implements the attention of AF3 SI Alg 14 (starting node) and,
+on transposed views, Alg 15 (ending node); with I = 1 it is attention with pair bias (Alg 24).
+
+The forward and backward are Triton kernels (tri_attn_kernels.py); both are registered as ``torch.library``
+custom ops with fake (meta) implementations, so ``torch.compile`` treats them as opaque. Gradients use no atomics:
+output and all four gradients repeat bitwise for a fixed launch configuration.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+
+from mini_of3.kernels import tri_attn_kernels as K
+from mini_of3.kernels.reference import triangle_attention_ref
+
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+BACKENDS = ("auto", "triton", "torch")
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# input checks
+
+
+def _check_inputs(q, k, v, bias, mask, activation, sigmoid_bias, backend) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v), ("bias", bias)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"triangle_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 5:
+        raise ValueError(f"triangle_attention: q must be [B, I, J, H, D], got shape {tuple(q.shape)}")
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"triangle_attention: q, k, v must have one shape, got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    B, I, J, H, D = q.shape
+    if bias.shape != (B, H, J, J):
+        raise ValueError(f"triangle_attention: bias must be [B, H, J, K] = {(B, H, J, J)} for q of shape "
+                         f"{tuple(q.shape)}, got {tuple(bias.shape)}")
+    if q.dtype not in SUPPORTED_DTYPES and q.dtype != torch.float64:
+        raise TypeError(f"triangle_attention: q dtype must be float16, bfloat16 or float32, got {q.dtype}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"triangle_attention: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if bias.dtype not in (torch.float32, q.dtype):
+        raise TypeError(f"triangle_attention: bias dtype must be float32 or the input dtype {q.dtype}, "
+                        f"got {bias.dtype}")
+    devices = {t.device for t in (q, k, v, bias)}
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(f"triangle_attention: mask must be a bool tensor or None, got {type(mask).__name__}")
+        if mask.dtype != torch.bool:
+            raise TypeError(f"triangle_attention: mask must be bool (True = attend), got {mask.dtype}")
+        if mask.shape != (B, I, J):
+            raise ValueError(f"triangle_attention: mask must be [B, I, K] = {(B, I, J)}, got {tuple(mask.shape)}")
+        devices.add(mask.device)
+    if len(devices) > 1:
+        raise ValueError(f"triangle_attention: all inputs must be on one device, got {sorted(map(str, devices))}")
+    if activation not in ("softmax", "sigmoid"):
+        raise ValueError(f"triangle_attention: activation must be 'softmax' or 'sigmoid', got {activation!r}")
+    if sigmoid_bias is not None and activation != "sigmoid":
+        raise ValueError("triangle_attention: sigmoid_bias is only used with activation='sigmoid'")
+    if backend not in BACKENDS:
+        raise ValueError(f"triangle_attention: backend must be one of {BACKENDS}, got {backend!r}")
+    if min(B, I, J, H) < 1:
+        raise ValueError(f"triangle_attention: every dimension must be >= 1, got q of shape {tuple(q.shape)}")
+
+
+def _resolve_backend(backend: str, q: torch.Tensor) -> str:
+    if backend == "auto":
+        return "triton" if q.is_cuda else "torch"
+    if backend == "triton":
+        if not q.is_cuda and not _interpreting():
+            raise ValueError("triangle_attention: backend='triton' needs CUDA tensors, or CPU tensors with "
+                             "TRITON_INTERPRET=1 set before mini_of3 is imported")
+        D = q.shape[-1]
+        if D not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"triangle_attention: head dim D must be one of {SUPPORTED_HEAD_DIMS} for the Triton "
+                             f"kernel, got {D}")
+        if q.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"triangle_attention: the Triton kernel takes float16, bfloat16 or float32, got {q.dtype}")
+    return backend
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# launch configurations: autotuned on the GPU (cached per shape bucket), fixed under the interpreter or on request
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Block sizes and launch parameters of the three main kernels; a fixed config makes runs reproducible."""
+    fwd_block_j: int = 64
+    fwd_block_k: int = 64
+    fwd_warps: int = 4
+    fwd_stages: int = 2
+    bwd_block_j: int = 64
+    bwd_block_k: int = 64
+    bwd_warps: int = 4
+    bwd_stages: int = 1
+    dbias_block: int = 64
+    dbias_warps: int = 4
+    dbias_stages: int = 1
+    dbias_chunks: int | None = None   # None: as many chunks of rows as it takes to fill the GPU
+    split: bool | None = None         # hi+lo split of the rounded probabilities in the matmuls (None: on for 16-bit)
+
+
+def default_config(head_dim: int) -> LaunchConfig:
+    """A good fixed configuration for each head dim (used under the interpreter and with MINI_OF3_AUTOTUNE=0)."""
+    if _interpreting():
+        return LaunchConfig(32, 32, 4, 1, 32, 32, 4, 1, 32, 4, 1)
+    if head_dim <= 32:
+        return LaunchConfig(128, 64, 8, 2, 64, 128, 8, 1, 64, 4, 1)
+    if head_dim == 64:
+        return LaunchConfig(64, 64, 4, 2, 64, 64, 4, 1, 64, 4, 1)
+    return LaunchConfig(64, 32, 4, 2, 32, 64, 4, 1, 32, 4, 1)
+
+
+_override: LaunchConfig | None = None
+
+
+@contextlib.contextmanager
+def launch_config(config: LaunchConfig | None = None, **changes):
+    """Run with a fixed launch configuration: ``with launch_config(fwd_block_j=16): ...`` (no autotuning inside)."""
+    global _override
+    previous = _override
+    base = config if config is not None else (previous or default_config(32))
+    _override = replace(base, **changes)
+    try:
+        yield _override
+    finally:
+        _override = previous
+
+
+def _autotune_enabled() -> bool:
+    return _override is None and not _interpreting() and os.environ.get("MINI_OF3_AUTOTUNE", "1") != "0"
+
+
+def _fwd_configs(head_dim: int) -> list[triton.Config]:
+    blocks = [(64, 64, 4, 2), (128, 64, 8, 2), (128, 64, 4, 2), (128, 128, 8, 2), (64, 128, 4, 2), (128, 32, 4, 3)]
+    if head_dim >= 64:
+        blocks = [(64, 64, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2), (128, 32, 8, 2)]
+    return [triton.Config({"BLOCK_J": bj, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bj, bk, w, s in blocks]
+
+
+def _bwd_configs(head_dim: int) -> list[triton.Config]:
+    blocks = [(64, 64, 4, 1), (64, 128, 8, 1), (128, 64, 8, 1), (32, 128, 4, 1), (64, 128, 4, 2), (128, 128, 8, 1)]
+    if head_dim >= 64:
+        blocks = [(64, 64, 4, 1), (32, 64, 4, 1), (64, 32, 4, 1), (32, 32, 4, 1)]
+    return [triton.Config({"BLOCK_J": bj, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bj, bk, w, s in blocks]
+
+
+def _dbias_configs() -> list[triton.Config]:
+    return [triton.Config({}, num_warps=w, num_stages=s) for w, s in ((4, 1), (8, 1), (4, 2))]
+
+
+_tuned: dict[str, object] = {}
+
+
+def _tuned_kernel(name: str, kernel, configs):
+    if name not in _tuned:
+        key = ["J_BUCKET", "BLOCK_D", "HAS_MASK", "SIGMOID"]
+        try:   # the chosen configs persist in Triton's cache across processes (triton >= 3.2)
+            _tuned[name] = triton.autotune(configs=configs, key=key, cache_results=True)(kernel)
+        except TypeError:
+            _tuned[name] = triton.autotune(configs=configs, key=key)(kernel)
+    return _tuned[name]
+
+
+def _bucket(n: int) -> int:
+    return 1 << max(4, (n - 1).bit_length())
+
+
+def _strides5(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(t.stride())
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def _new(shape, dtype, device) -> torch.Tensor:
+    """Output allocation; MINI_OF3_POISON=1 fills with NaN so that a test sees any element a kernel did not write."""
+    if os.environ.get("MINI_OF3_POISON", "0") == "1":
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    if _interpreting():
+        return "upcast"
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _use_split(config: LaunchConfig, dtype: torch.dtype) -> bool:
+    """Split the rounded probabilities into hi + lo parts (16-bit inputs only): MINI_OF3_SPLIT=0 turns it off."""
+    if dtype == torch.float32:
+        return False
+    if config.split is not None:
+        return config.split
+    return os.environ.get("MINI_OF3_SPLIT", "1") != "0"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# forward and backward launchers
+
+
+def _forward(q, k, v, bias, mask, beta, sigmoid: bool, scale: float, residuals: bool):
+    B, I, J, H, D = q.shape
+    config = _override or default_config(D)
+    o = _new((B, I, J, H, D), q.dtype, q.device)
+    store_residuals = residuals and not sigmoid
+    o_lo = _new((B, I, J, H, D), q.dtype, q.device) if store_residuals and q.dtype != torch.float32 else o.new_empty(0)
+    lse = _new((B, H, I, J), torch.float32, q.device) if store_residuals else o.new_empty(0, dtype=torch.float32)
+    mask_arg = mask if mask is not None else q
+    mask_strides = mask.stride() if mask is not None else (0, 0, 0)
+    args = (q, k, v, bias, mask_arg, beta if beta is not None else q, o, o_lo if o_lo.numel() else o,
+            lse if lse.numel() else o,
+            *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *mask_strides, *o.stride(), B, I, J, H, scale)
+    flags = dict(HAS_MASK=mask is not None, SIGMOID=sigmoid, STORE_LSE=store_residuals, STORE_LO=o_lo.numel() > 0,
+                 SPLIT=_use_split(config, q.dtype), DOT_PREC=_dot_precision(q.dtype),
+                 BLOCK_D=D)
+    if _autotune_enabled():
+        kernel = _tuned_kernel("fwd", K._fwd, _fwd_configs(D))
+        grid = lambda meta: (B * I * H * triton.cdiv(J, meta["BLOCK_J"]),)
+        kernel[grid](*args, _bucket(J), **flags)
+    else:
+        grid = (B * I * H * triton.cdiv(J, config.fwd_block_j),)
+        K._fwd[grid](*args, _bucket(J), **flags, BLOCK_J=config.fwd_block_j, BLOCK_K=config.fwd_block_k,
+                     num_warps=config.fwd_warps, num_stages=config.fwd_stages)
+    return o, o_lo, lse
+
+
+def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale: float):
+    B, I, J, H, D = q.shape
+    config = _override or default_config(D)
+    device = q.device
+    mask_arg = mask if mask is not None else q
+    mask_strides = mask.stride() if mask is not None else (0, 0, 0)
+    beta_arg = beta if beta is not None else q
+    dot_prec = _dot_precision(q.dtype)
+
+    if sigmoid:
+        delta = lse = q.new_empty(1, dtype=torch.float32)
+    else:
+        delta = _new((B, H, I, J), torch.float32, device)
+        block_j = 64 if D <= 64 else 32
+        K._delta[(B * I * H * triton.cdiv(J, block_j),)](
+            o, o_lo if o_lo.numel() else o, do, delta, *o.stride(), *do.stride(), I, J, H,
+            HAS_LO=o_lo.numel() > 0, BLOCK_J=block_j, BLOCK_D=D, num_warps=4)
+
+    dq = _new((B, I, J, H, D), q.dtype, device)
+    dk = _new((B, I, J, H, D), q.dtype, device)
+    dv = _new((B, I, J, H, D), q.dtype, device)
+    dq_acc = torch.empty((B, I, H, J, D), dtype=torch.float32, device=device)   # each program's own dQ row
+    common = (q, k, v, bias, mask_arg, beta_arg, do, lse, delta)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *bias.stride(), *mask_strides, *do.stride())
+    flags = dict(HAS_MASK=mask is not None, SIGMOID=sigmoid, DOT_PREC=dot_prec, BLOCK_D=D)
+    split = _use_split(config, q.dtype)
+    dqkv_args = (*common, dq_acc, dq, dk, dv, *strides, *dq.stride(), B, I, J, H, scale)
+    if _autotune_enabled():
+        kernel = _tuned_kernel("dqkv", K._bwd_dqkv, _bwd_configs(D))
+        kernel[(B * I * H,)](*dqkv_args, _bucket(J), SPLIT=split, **flags)
+    else:
+        K._bwd_dqkv[(B * I * H,)](*dqkv_args, _bucket(J), SPLIT=split, **flags, BLOCK_J=config.bwd_block_j,
+                                  BLOCK_K=config.bwd_block_k, num_warps=config.bwd_warps,
+                                  num_stages=config.bwd_stages)
+
+    # dbias = sum over rows i of dS: rows are split into chunks only when the tile grid alone cannot fill the GPU
+    block = config.dbias_block if not _autotune_enabled() else (64 if D <= 64 else 32)
+    tiles = B * H * triton.cdiv(J, block) ** 2
+    chunks = config.dbias_chunks if (config.dbias_chunks and not _autotune_enabled()) else \
+        max(1, min(I, math.ceil(4 * _num_sms(device) / tiles)))
+    rows_per_chunk = math.ceil(I / chunks)
+    chunks = math.ceil(I / rows_per_chunk)
+    dbias = _new((B, H, J, J), bias.dtype, device)
+    part = dbias[None] if chunks == 1 else torch.empty((chunks, B, H, J, J), dtype=torch.float32, device=device)
+    dbias_args = (*common, part, *strides, *part.stride(), B, I, J, H, scale, rows_per_chunk)
+    grid = (tiles * chunks,)
+    if _autotune_enabled():
+        kernel = _tuned_kernel("dbias", K._bwd_dbias, _dbias_configs())
+        kernel[grid](*dbias_args, _bucket(J), **flags, BLOCK_J=block, BLOCK_K=block)
+    else:
+        K._bwd_dbias[grid](*dbias_args, _bucket(J), **flags, BLOCK_J=block, BLOCK_K=block,
+                           num_warps=config.dbias_warps, num_stages=config.dbias_stages)
+    if chunks > 1:
+        n = dbias.numel()
+        K._sum_chunks[(triton.cdiv(n, 1024),)](part, dbias, chunks, n, BLOCK=1024, num_warps=4)
+    return dq, dk, dv, dbias
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# custom ops (opaque to torch.compile) and autograd
+
+
+@torch.library.custom_op("mini_of3::triangle_attention_fwd", mutates_args=())
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor | None,
+            beta: torch.Tensor | None, sigmoid: bool, scale: float, residuals: bool
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _forward(q, k, v, bias, mask, beta, sigmoid, scale, residuals)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(q, k, v, bias, mask, beta, sigmoid, scale, residuals):
+    B, I, J, H, D = q.shape
+    keep = residuals and not sigmoid
+    o = q.new_empty((B, I, J, H, D))
+    o_lo = q.new_empty((B, I, J, H, D)) if keep and q.dtype != torch.float32 else q.new_empty(0)
+    lse = q.new_empty((B, H, I, J), dtype=torch.float32) if keep else q.new_empty(0, dtype=torch.float32)
+    return o, o_lo, lse
+
+
+@torch.library.custom_op("mini_of3::triangle_attention_bwd", mutates_args=())
+def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+            mask: torch.Tensor | None, beta: torch.Tensor | None, o: torch.Tensor, o_lo: torch.Tensor,
+            lse: torch.Tensor, sigmoid: bool, scale: float
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid, scale)
+
+
+@_bwd_op.register_fake
+def _bwd_fake(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid, scale):
+    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), bias.new_empty(bias.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, bias, mask, beta, sigmoid, scale, residuals = inputs
+    o, o_lo, lse = output
+    ctx.save_for_backward(q, k, v, bias, mask, beta, o, o_lo, lse)
+    ctx.sigmoid, ctx.scale = sigmoid, scale
+    ctx.mark_non_differentiable(o_lo, lse)
+
+
+def _autograd_backward(ctx, do, _do_lo, _dlse):
+    q, k, v, bias, mask, beta, o, o_lo, lse = ctx.saved_tensors
+    dq, dk, dv, dbias = _bwd_op(do, q, k, v, bias, mask, beta, o, o_lo, lse, ctx.sigmoid, ctx.scale)
+    return dq, dk, dv, dbias, None, None, None, None, None
+
+
+_fwd_op.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# public function
+
+
+def triangle_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    activation: str = "softmax",
+    scale: float | None = None,
+    sigmoid_bias: float | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Fused triangle attention (AF3 SI Alg 14/15; Alg 24 with I = 1), softmax or sigmoid.
+
+    Args:
+        q, k, v: [B, I, J, H, D], any strides (no copies are made); D in {16, 32, 64, 128} for the Triton kernel
+        bias: [B, H, J, K] float32 or the input dtype, shared by every row i; its gradient has its dtype
+        mask: [B, I, K] bool, True = attend; a row with no valid key gives output 0 and zero gradients
+        activation: "softmax", or "sigmoid" (o = sum_k sigmoid(s_ijk + beta_i) v_ik, no normaliser)
+        scale: score scale, default 1/sqrt(D)
+        sigmoid_bias: beta for activation="sigmoid"; default -log(number of valid keys of row i)
+        backend: "triton", "torch" (the reference in the input dtype) or "auto" (triton on CUDA, else torch)
+    Returns:
+        o: [B, I, J, H, D] in the input dtype, contiguous
+    """
+    _check_inputs(q, k, v, bias, mask, activation, sigmoid_bias, backend)
+    backend = _resolve_backend(backend, q)
+    if backend == "torch":
+        return triangle_attention_ref(q, k, v, bias, mask, activation=activation, scale=scale,
+                                      sigmoid_bias=sigmoid_bias)
+    B, I, J, H, D = q.shape
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    sigmoid = activation == "sigmoid"
+    beta = None
+    if sigmoid:
+        if sigmoid_bias is not None:
+            beta = torch.full((B, I), float(sigmoid_bias), dtype=torch.float32, device=q.device)
+        elif mask is not None:
+            beta = -torch.log(mask.sum(-1).clamp(min=1).to(torch.float32))      # [B, I]
+        else:
+            beta = torch.full((B, I), -math.log(J), dtype=torch.float32, device=q.device)
+    residuals = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, bias))
+    o, _, _ = _fwd_op(q, k, v, bias, mask, beta, sigmoid, scale, residuals)
+    return o

@@ -1,0 +1,207 @@
+"""The fused triangle attention kernel against the float64 reference (Triton interpreter on CPU, or the GPU).
+
+Covering set, not a cross-product (the interpreter is slow): every N in {1, 5, 17, 33, 64}, D in {16, 32, 64, 128},
+H in {1, 2}, both activations, fp32 / bf16 / fp16, random masks with fully masked rows, transposed views (the
+ending node) and a bias in the input dtype each appear at least once. Outputs are poisoned with NaN beforehand
+(MINI_OF3_POISON=1), so an element a kernel forgot to write fails the comparison.
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from mini_of3.kernels import triangle_attention, triangle_attention_ref
+from mini_of3.kernels.triangle_attention import launch_config
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# relative Frobenius error against float64. The interpreter rounds float32 -> bf16 by truncation (twice the error
+# of the GPU's round-to-nearest), hence the bf16 bound; fp32 runs exact IEEE dots.
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 1.5e-2}
+
+
+def make_inputs(B, I, N, H, D, dtype, *, masked, transposed, bias_dtype=torch.float32, seed=0, bias_scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    shape = (B, N, I, H, D) if transposed else (B, I, N, H, D)
+    q, k, v, do = (torch.randn(shape, generator=g).to(dtype) for _ in range(4))
+    if transposed:   # the ending node: [B, J, I, H, D] viewed as [B, I, J, H, D], no copy
+        q, k, v, do = (t.transpose(1, 2) for t in (q, k, v, do))
+    bias = (torch.randn(B, H, N, N, generator=g) * bias_scale).to(bias_dtype)
+    mask = None
+    if masked:
+        mask = torch.rand(B, I, N, generator=g) > 0.3
+        mask[:, 0] = False                          # a fully masked row
+        if I > 1:
+            mask[:, 1] = True
+    to = dict(device=DEVICE)
+    return (q.to(**to), k.to(**to), v.to(**to), bias.to(**to), None if mask is None else mask.to(**to), do.to(**to))
+
+
+def run(fn, q, k, v, bias, mask, do, **kw):
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, bias)]
+    o = fn(*leaves, mask, **kw)
+    o.backward(do)
+    return [o.detach()] + [t.grad for t in leaves]
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative Frobenius error; the floor of 1 on the norm keeps gradients that are exactly zero in theory (N = 1
+    softmax: dq = dk = 0) from dividing rounding noise by zero."""
+    return ((x.double() - ref).norm() / ref.norm().clamp(min=1.0)).item()
+
+
+CASES = [
+    # B, I, N, H, D, dtype, activation, masked, transposed, bias dtype
+    (1, 3, 1, 1, 16, torch.float32, "softmax", True, False, torch.float32),
+    (2, 2, 5, 2, 32, torch.bfloat16, "sigmoid", True, True, torch.float32),
+    (1, 3, 17, 1, 64, torch.float32, "sigmoid", False, False, torch.float32),
+    (1, 4, 33, 2, 16, torch.bfloat16, "softmax", True, True, torch.float32),
+    (1, 2, 64, 1, 128, torch.bfloat16, "softmax", True, False, torch.bfloat16),
+    (1, 2, 33, 2, 128, torch.float32, "sigmoid", True, True, torch.float32),
+    (1, 3, 64, 2, 32, torch.float16, "softmax", False, False, torch.float16),
+    (1, 2, 17, 2, 32, torch.float32, "softmax", True, True, torch.float32),
+]
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs(monkeypatch):
+    monkeypatch.setenv("MINI_OF3_POISON", "1")
+
+
+@pytest.mark.parametrize("B,I,N,H,D,dtype,activation,masked,transposed,bias_dtype", CASES)
+def test_matches_float64_reference(B, I, N, H, D, dtype, activation, masked, transposed, bias_dtype):
+    q, k, v, bias, mask, do = make_inputs(B, I, N, H, D, dtype, masked=masked, transposed=transposed,
+                                          bias_dtype=bias_dtype, seed=N * 7 + D)
+    got = run(triangle_attention, q, k, v, bias, mask, do, activation=activation, backend="triton")
+    ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double(),
+              activation=activation)
+    for name, g, r in zip(("o", "dq", "dk", "dv", "dbias"), got, ref):
+        assert torch.isfinite(g).all(), f"{name} has non-finite or unwritten elements"
+        assert g.dtype == (bias_dtype if name == "dbias" else dtype), f"{name} dtype {g.dtype}"
+        assert rel_err(g, r) < TOLERANCE[dtype if name != "dbias" else bias_dtype], (name, rel_err(g, r))
+    if masked:   # a row with no valid key: output and its gradients exactly zero
+        for name, g in zip(("o", "dq", "dk", "dv"), got[:4]):
+            assert torch.count_nonzero(g[:, 0]) == 0, f"{name} of a fully masked row is not zero"
+
+
+def test_single_track_attention_with_pair_bias():
+    """I = 1 is attention with pair bias (AF3 SI Alg 24)."""
+    q, k, v, bias, mask, do = make_inputs(2, 1, 40, 2, 16, torch.float32, masked=False, transposed=False)
+    got = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
+    ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
+    for g, r in zip(got, ref):
+        assert rel_err(g, r) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("activation", ["softmax", "sigmoid"])
+def test_extreme_bias_and_masks_stay_finite(activation):
+    q, k, v, bias, mask, do = make_inputs(1, 3, 20, 1, 16, torch.float32, masked=True, transposed=False,
+                                          bias_scale=1e4)
+    got = run(triangle_attention, q, k, v, bias, mask, do, activation=activation, backend="triton")
+    ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double(),
+              activation=activation)
+    for name, g, r in zip(("o", "dq", "dk", "dv", "dbias"), got, ref):
+        assert torch.isfinite(g).all(), name
+        assert rel_err(g, r) < 1e-4, (name, rel_err(g, r))
+
+
+def test_bitwise_repeat_and_chunked_bias_gradient():
+    """Three runs give identical bits; the bias gradient summed over 3 chunks of rows equals the reference."""
+    q, k, v, bias, mask, do = make_inputs(1, 7, 24, 2, 16, torch.bfloat16, masked=True, transposed=False)
+    with launch_config(dbias_chunks=3):
+        runs = [run(triangle_attention, q, k, v, bias, mask, do, backend="triton") for _ in range(3)]
+    for name, first, *again in zip(("o", "dq", "dk", "dv", "dbias"), *runs):
+        for other in again:
+            assert torch.equal(first, other), f"{name} differs between runs"
+    ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
+    assert rel_err(runs[0][4], ref[4]) < 1e-4
+
+
+def test_small_tiles_cover_many_tile_loops():
+    """16 x 16 tiles: many key and query tiles per row, partial last tiles, several dQ read-modify-writes."""
+    q, k, v, bias, mask, do = make_inputs(1, 2, 37, 1, 16, torch.float32, masked=True, transposed=True)
+    with launch_config(fwd_block_j=16, fwd_block_k=16, bwd_block_j=16, bwd_block_k=16, dbias_block=16):
+        got = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
+    ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
+    for g, r in zip(got, ref):
+        assert rel_err(g, r) < TOLERANCE[torch.float32]
+
+
+def test_custom_sigmoid_bias_and_scale():
+    q, k, v, bias, mask, do = make_inputs(1, 2, 9, 2, 16, torch.float32, masked=True, transposed=False)
+    kw = dict(activation="sigmoid", sigmoid_bias=-1.5, scale=0.3)
+    got = run(triangle_attention, q, k, v, bias, mask, do, backend="triton", **kw)
+    ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double(), **kw)
+    for g, r in zip(got, ref):
+        assert rel_err(g, r) < TOLERANCE[torch.float32]
+
+
+def test_torch_backend_is_the_reference_in_the_input_dtype():
+    q, k, v, bias, mask, do = make_inputs(1, 2, 12, 2, 16, torch.float32, masked=True, transposed=False)
+    got = run(triangle_attention, q, k, v, bias, mask, do, backend="torch")
+    ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
+    for g, r in zip(got, ref):
+        assert g.dtype == torch.float32 and rel_err(g, r) < 1e-5
+
+
+def test_compiles_as_an_opaque_op():
+    """torch.compile traces around the custom op (fake implementation), forward and backward, with no graph break."""
+    q, k, v, bias, mask, do = make_inputs(1, 2, 16, 1, 16, torch.float32, masked=True, transposed=False)
+
+    def layer(q, k, v, bias, mask):
+        return triangle_attention(q * 1.0, k, v, bias, mask, backend="triton") * 2.0
+
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    got = run(compiled, q, k, v, bias, mask, do)
+    ref = run(layer, q, k, v, bias, mask, do)
+    for g, r in zip(got, ref):
+        assert torch.equal(g, r)
+
+
+def test_opcheck_forward_op():
+    from mini_of3.kernels.triangle_attention import _fwd_op
+    q, k, v, bias, mask, _ = make_inputs(1, 2, 16, 1, 16, torch.float32, masked=True, transposed=False)
+    q, k, v, bias = (t.requires_grad_(True) for t in (q, k, v, bias))
+    torch.library.opcheck(_fwd_op, (q, k, v, bias, mask, None, False, 0.25, True),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+@pytest.mark.parametrize("change,error", [
+    (dict(q=torch.zeros(1, 2, 3, 1)), ValueError),                          # 4-D q
+    (dict(k=torch.zeros(1, 2, 5, 1, 16)), ValueError),                      # k shape differs
+    (dict(bias=torch.zeros(1, 1, 4, 4)), ValueError),                       # bias shape
+    (dict(mask=torch.ones(1, 2, 4, dtype=torch.bool)), ValueError),         # mask shape
+    (dict(mask=torch.ones(1, 2, 3)), TypeError),                            # mask not bool
+    (dict(q=torch.zeros(1, 2, 3, 1, 16, dtype=torch.int32)), TypeError),    # integer q
+    (dict(bias=torch.zeros(1, 1, 3, 3, dtype=torch.float16)), TypeError),  # bias dtype neither fp32 nor input's
+    (dict(activation="relu"), ValueError),
+    (dict(sigmoid_bias=1.0), ValueError),                                   # sigmoid_bias with softmax
+    (dict(backend="cuda"), ValueError),
+])
+def test_clear_errors(change, error):
+    args = dict(q=torch.zeros(1, 2, 3, 1, 16), k=torch.zeros(1, 2, 3, 1, 16), v=torch.zeros(1, 2, 3, 1, 16),
+                bias=torch.zeros(1, 1, 3, 3), mask=None, activation="softmax", backend="torch")
+    args.update(change)
+    with pytest.raises(error):
+        triangle_attention(args.pop("q"), args.pop("k"), args.pop("v"), args.pop("bias"), args.pop("mask"), **args)
+
+
+def test_unsupported_head_dim_for_the_kernel():
+    x = torch.zeros(1, 1, 4, 1, 24, device=DEVICE)
+    with pytest.raises(ValueError, match="head dim"):
+        triangle_attention(x, x, x, torch.zeros(1, 1, 4, 4, device=DEVICE), backend="triton")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("N,D,H,dtype,activation,transposed", list(itertools.product(
+    [1, 5, 17, 33, 64], [16, 32, 64, 128], [1, 2], [torch.float32, torch.bfloat16], ["softmax", "sigmoid"],
+    [False, True]))[::3])
+def test_sweep(N, D, H, dtype, activation, transposed):
+    """A third of the full cross-product (every third case), for runs with time to spare: pytest -m slow."""
+    q, k, v, bias, mask, do = make_inputs(1, 2, N, H, D, dtype, masked=True, transposed=transposed, seed=N + D)
+    got = run(triangle_attention, q, k, v, bias, mask, do, activation=activation, backend="triton")
+    ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double(),
+              activation=activation)
+    for g, r in zip(got, ref):
+        assert torch.isfinite(g).all() and rel_err(g, r) < TOLERANCE[dtype]
