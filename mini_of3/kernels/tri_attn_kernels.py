@@ -32,11 +32,33 @@ def _load_tile(ptr, offs_rows, offs_d, stride_row, stride_d, n_rows):
 
 
 @triton.jit
-def _key_valid(MASK, m_base, offs_k, sm_k, J, HAS_MASK: tl.constexpr):
+def _key_mask(MASK, m_base, offs_k, sm_k, J, HAS_MASK: tl.constexpr):
+    """Additive key mask [BK]: 0 where the key is valid, -inf where it is masked out or past the end."""
     valid = offs_k < J
     if HAS_MASK:
         valid = valid & (tl.load(MASK + m_base + offs_k * sm_k, mask=offs_k < J, other=0) != 0)
-    return valid
+    return tl.where(valid, 0.0, float("-inf"))
+
+
+@triton.jit
+def _exp2(x, FAST: tl.constexpr):
+    """2^x. FAST (GPU only) issues the special-function unit's ex2 directly, without the subnormal fix-up."""
+    if FAST:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.exp2(x)
+
+
+@triton.jit
+def _sigmoid2(x2, FAST: tl.constexpr):
+    """sigmoid(x) from x2 = x * log2(e): 1 / (1 + 2^-x2); 0 at x2 = -inf (masked keys)."""
+    denominator = 1.0 + _exp2(-x2, FAST)
+    if FAST:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [denominator], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return 1.0 / denominator
 
 
 @triton.jit
@@ -67,7 +89,7 @@ def _fwd(Q, K, V, BIAS, MASK, BETA, O, O_LO, LSE,
          so_b, so_i, so_j, so_h, so_d,
          B, I, J, H, scale, J_BUCKET,
          HAS_MASK: tl.constexpr, SIGMOID: tl.constexpr, STORE_LSE: tl.constexpr, STORE_LO: tl.constexpr,
-         SPLIT: tl.constexpr,
+         SPLIT: tl.constexpr, FAST_EXP: tl.constexpr,
          DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     # program order: query tile fastest, then head, then row: the programs in flight share rows i (their k and v
     # are read from HBM once) and the bias of every head stays in L2.
@@ -89,30 +111,30 @@ def _fwd(Q, K, V, BIAS, MASK, BETA, O, O_LO, LSE,
     bias_base = BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j
     m_base = b64 * sm_b + i64 * sm_i
 
-    acc = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
+    # scores in base 2: s2 = log2(e) * (scale * q.k + bias) (+ log2(e) * beta for sigmoid), -inf where masked
+    scale2 = scale * 1.4426950408889634
+    shift2 = 0.0
     if SIGMOID:
-        beta = tl.load(BETA + b64 * I + i64)
+        shift2 = tl.load(BETA + b64 * I + i64) * 1.4426950408889634
     else:
         m_run = tl.full([BLOCK_J], float("-inf"), dtype=tl.float32)
         l_run = tl.zeros([BLOCK_J], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
     for k0 in range(0, J, BLOCK_K):
         offs_k = k0 + offs_kt
-        valid = _key_valid(MASK, m_base, offs_k, sm_k, J, HAS_MASK)                          # [BK]
+        key_mask = _key_mask(MASK, m_base, offs_k, sm_k, J, HAS_MASK) + shift2                  # [BK]
         k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                  # [BK, D]
         v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                  # [BK, D]
         bias = tl.load(bias_base + offs_k[None, :] * sb_k,
                        mask=(offs_j[:, None] < J) & (offs_k[None, :] < J), other=0.0).to(tl.float32)
-        s = _dot(q, tl.trans(k), DOT_PREC)                                                     # [BJ, BK]
+        s2 = _dot(q, tl.trans(k), DOT_PREC) * scale2 + (bias * 1.4426950408889634 + key_mask[None, :])
         if SIGMOID:
-            x = s * scale + bias + beta
-            p = tl.where(valid[None, :], 1.0 / (1.0 + tl.exp2(-x * 1.4426950408889634)), 0.0)
-            acc += _dot_split(p, v, SPLIT, DOT_PREC)
+            acc += _dot_split(_sigmoid2(s2, FAST_EXP), v, SPLIT, DOT_PREC)
         else:
-            s2 = tl.where(valid[None, :], (s * scale + bias) * 1.4426950408889634, float("-inf"))
             m_new = tl.maximum(m_run, tl.max(s2, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s2 - m_safe[:, None])
-            alpha = tl.exp2(m_run - m_safe)
+            p = _exp2(s2 - m_safe[:, None], FAST_EXP)
+            alpha = _exp2(m_run - m_safe, FAST_EXP)
             l_run = l_run * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + _dot_split(p, v, SPLIT, DOT_PREC)
             m_run = m_new
@@ -164,18 +186,17 @@ def _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID: tl.constexpr):
 
 
 @triton.jit
-def _probs_and_dscores(q, k, v, do, bias, valid_k, lse, delta, beta, scale,
-                       SIGMOID: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Recompute p [BJ, BK] and dS = dL/d(score) [BJ, BK] for one tile (scores s = scale q.k + bias)."""
-    s = _dot(q, tl.trans(k), DOT_PREC)
+def _probs_and_dscores(q, k, v, do, bias, key_mask, lse, delta, scale2, SIGMOID: tl.constexpr,
+                       FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Recompute p [BJ, BK] and dS = dL/d(score) [BJ, BK] for one tile; key_mask holds -inf for masked keys and,
+    for sigmoid, log2(e) * beta. Masked keys and padded query rows come out with p = dS = 0 where it matters."""
+    s2 = _dot(q, tl.trans(k), DOT_PREC) * scale2 + (bias * 1.4426950408889634 + key_mask[None, :])
     dp = _dot(do, tl.trans(v), DOT_PREC)
     if SIGMOID:
-        x = s * scale + bias + beta
-        p = tl.where(valid_k[None, :], 1.0 / (1.0 + tl.exp2(-x * 1.4426950408889634)), 0.0)
+        p = _sigmoid2(s2, FAST_EXP)
         ds = dp * p * (1.0 - p)
     else:
-        p = tl.exp2((s * scale + bias) * 1.4426950408889634 - lse[:, None])
-        p = tl.where(valid_k[None, :], p, 0.0)
+        p = _exp2(s2 - lse[:, None], FAST_EXP)
         ds = p * (dp - delta[:, None])
     return p, ds
 
@@ -186,8 +207,8 @@ def _bwd_dqkv(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
               sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
               sg_b, sg_i, sg_j, sg_h, sg_d,
               B, I, J, H, scale, J_BUCKET,
-              HAS_MASK: tl.constexpr, SIGMOID: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
-              BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+              HAS_MASK: tl.constexpr, SIGMOID: tl.constexpr, SPLIT: tl.constexpr, FAST_EXP: tl.constexpr,
+              DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     pid = tl.program_id(0)
     h = pid % H
     i = (pid // H) % I
@@ -206,15 +227,15 @@ def _bwd_dqkv(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
     row_base = ((b64 * H + h) * I + i64) * J                      # into LSE, DELTA [B, H, I, J]
     acc_base = DQ_ACC + ((b64 * I + i64) * H + h) * J * BLOCK_D     # this program's own float32 dQ row [J, D]
     g_base = b64 * sg_b + i64 * sg_i + h * sg_h                   # into DQ, DK, DV (same layout)
+    scale2 = scale * 1.4426950408889634
+    shift2 = 0.0
     if SIGMOID:
-        beta = tl.load(BETA + b64 * I + i64)
-    else:
-        beta = 0.0
+        shift2 = tl.load(BETA + b64 * I + i64) * 1.4426950408889634
 
     for k0 in range(0, J, BLOCK_K):
         tl.debug_barrier()   # every thread sees the dQ row as the last key tile left it
         offs_k = k0 + offs_kt
-        valid_k = _key_valid(MASK, m_base, offs_k, sm_k, J, HAS_MASK)
+        key_mask = _key_mask(MASK, m_base, offs_k, sm_k, J, HAS_MASK) + shift2
         k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                   # [BK, D]
         v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                   # [BK, D]
         dk = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
@@ -231,9 +252,8 @@ def _bwd_dqkv(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
             bias = tl.load(bias_base + offs_j[:, None] * sb_j + offs_k[None, :] * sb_k,
                            mask=in_j[:, None] & (offs_k[None, :] < J), other=0.0).to(tl.float32)
             lse, delta = _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID)
-            p, ds = _probs_and_dscores(q, k, v, do, bias, valid_k, lse, delta, beta, scale, SIGMOID, DOT_PREC)
-            p = tl.where(in_j[:, None], p, 0.0)
-            ds = tl.where(in_j[:, None], ds, 0.0)
+            p, ds = _probs_and_dscores(q, k, v, do, bias, key_mask, lse, delta, scale2, SIGMOID, FAST_EXP,
+                                       DOT_PREC)
             dv += _dot_split(tl.trans(p), do, SPLIT, DOT_PREC)                                 # [BK, D]
             dk += _dot_split(tl.trans(ds), q, SPLIT, DOT_PREC)                                 # [BK, D]
             acc_ptrs = acc_base + offs_j[:, None] * BLOCK_D + offs_d[None, :]
@@ -253,7 +273,7 @@ def _bwd_dbias(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DBIAS,
                sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
                so_c, so_b, so_h, so_j, so_k,
                B, I, J, H, scale, rows_per_chunk, J_BUCKET,
-               HAS_MASK: tl.constexpr, SIGMOID: tl.constexpr, DOT_PREC: tl.constexpr,
+               HAS_MASK: tl.constexpr, SIGMOID: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr,
                BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     # program order: key tile fastest, then query tile, head, batch, and the chunk of rows slowest, so that the
     # programs in flight walk the same rows i together and read each row's q, k, v, dO from HBM once.
@@ -283,14 +303,13 @@ def _bwd_dbias(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DBIAS,
         do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J)
         k = _load_tile(K + b64 * sk_b + i64 * sk_i + h * sk_h, offs_k, offs_d, sk_j, sk_d, J)
         v = _load_tile(V + b64 * sv_b + i64 * sv_i + h * sv_h, offs_k, offs_d, sv_j, sv_d, J)
-        valid_k = _key_valid(MASK, b64 * sm_b + i64 * sm_i, offs_k, sm_k, J, HAS_MASK)
+        key_mask = _key_mask(MASK, b64 * sm_b + i64 * sm_i, offs_k, sm_k, J, HAS_MASK)
+        if SIGMOID:
+            key_mask += tl.load(BETA + b64 * I + i64) * 1.4426950408889634
         row_base = ((b64 * H + h) * I + i64) * J
         lse, delta = _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID)
-        if SIGMOID:
-            beta = tl.load(BETA + b64 * I + i64)
-        else:
-            beta = 0.0
-        p, ds = _probs_and_dscores(q, k, v, do, bias, valid_k, lse, delta, beta, scale, SIGMOID, DOT_PREC)
+        p, ds = _probs_and_dscores(q, k, v, do, bias, key_mask, lse, delta, scale * 1.4426950408889634, SIGMOID,
+                                   FAST_EXP, DOT_PREC)
         acc += ds
     out_ptrs = DBIAS + c.to(tl.int64) * so_c + b64 * so_b + h * so_h + offs_j[:, None] * so_j + offs_k[None, :] * so_k
     tl.store(out_ptrs, acc.to(DBIAS.dtype.element_ty), mask=tile_mask)

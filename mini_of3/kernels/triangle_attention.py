@@ -114,6 +114,7 @@ class LaunchConfig:
     dbias_stages: int = 1
     dbias_chunks: int | None = None   # None: as many chunks of rows as it takes to fill the GPU
     split: bool | None = None         # hi+lo split of the rounded probabilities in the matmuls (None: on for 16-bit)
+    fast_exp: bool | None = None      # ex2.approx.ftz / rcp.approx through inline PTX (None: on for CUDA)
 
 
 def default_config(head_dim: int) -> LaunchConfig:
@@ -205,6 +206,15 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _use_fast_exp(config: LaunchConfig, device: torch.device) -> bool:
+    """Inline-PTX exp2 on the GPU (the interpreter cannot run PTX); MINI_OF3_FAST_EXP=0 turns it off."""
+    if device.type != "cuda" or _interpreting():
+        return False
+    if config.fast_exp is not None:
+        return config.fast_exp
+    return os.environ.get("MINI_OF3_FAST_EXP", "1") != "0"
+
+
 def _use_split(config: LaunchConfig, dtype: torch.dtype) -> bool:
     """Split the rounded probabilities into hi + lo parts (16-bit inputs only): MINI_OF3_SPLIT=0 turns it off."""
     if dtype == torch.float32:
@@ -231,7 +241,8 @@ def _forward(q, k, v, bias, mask, beta, sigmoid: bool, scale: float, residuals: 
             lse if lse.numel() else o,
             *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *mask_strides, *o.stride(), B, I, J, H, scale)
     flags = dict(HAS_MASK=mask is not None, SIGMOID=sigmoid, STORE_LSE=store_residuals, STORE_LO=o_lo.numel() > 0,
-                 SPLIT=_use_split(config, q.dtype), DOT_PREC=_dot_precision(q.dtype),
+                 SPLIT=_use_split(config, q.dtype), FAST_EXP=_use_fast_exp(config, q.device),
+                 DOT_PREC=_dot_precision(q.dtype),
                  BLOCK_D=D)
     if _autotune_enabled():
         kernel = _tuned_kernel("fwd", K._fwd, _fwd_configs(D))
@@ -268,7 +279,8 @@ def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale:
     dq_acc = torch.empty((B, I, H, J, D), dtype=torch.float32, device=device)   # each program's own dQ row
     common = (q, k, v, bias, mask_arg, beta_arg, do, lse, delta)
     strides = (*q.stride(), *k.stride(), *v.stride(), *bias.stride(), *mask_strides, *do.stride())
-    flags = dict(HAS_MASK=mask is not None, SIGMOID=sigmoid, DOT_PREC=dot_prec, BLOCK_D=D)
+    flags = dict(HAS_MASK=mask is not None, SIGMOID=sigmoid, DOT_PREC=dot_prec, BLOCK_D=D,
+                 FAST_EXP=_use_fast_exp(config, device))
     split = _use_split(config, q.dtype)
     dqkv_args = (*common, dq_acc, dq, dk, dv, *strides, *dq.stride(), B, I, J, H, scale)
     if _autotune_enabled():

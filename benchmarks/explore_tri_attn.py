@@ -1,0 +1,112 @@
+"""Where does the triangle-attention time go? Per-kernel device time (torch.profiler) for launch-config and flag
+variants of mini_of3's kernel at one shape, in one process. A development tool: `python benchmarks/explore_tri_attn.py`
+on the GPU machine; its table is copied into mini_of3/kernels/NOTES.md with the prediction made before the run.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from mini_of3.kernels import triangle_attention
+from mini_of3.kernels.triangle_attention import LaunchConfig, default_config, launch_config
+
+KERNELS = ("_fwd", "_delta", "_bwd_dqkv", "_bwd_dbias", "_sum_chunks")
+
+
+def inputs(n, d, heads, *, bias="fp32", masked=True):
+    """bf16 q, k, v, dO; the bias float32, bf16, or one element broadcast everywhere (what the bias stream costs)."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(1, n, n, heads, d, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4))
+    bias_leaf = torch.randn(1, 1, 1, 1, device="cuda") if bias == "broadcast" else \
+        torch.randn(1, heads, n, n, device="cuda", generator=g).to(torch.bfloat16 if bias == "bf16" else torch.float32)
+    leaves = [t.requires_grad_(True) for t in (q, k, v, bias_leaf)]
+    mask = torch.ones(1, n, n, dtype=torch.bool, device="cuda")
+    mask[..., n - n // 16:] = False
+    return leaves, (mask if masked else None), do
+
+
+def fwd_bwd(leaves, mask, do):
+    q, k, v, bias_leaf = leaves
+    bias = bias_leaf.expand(1, q.shape[3], q.shape[2], q.shape[2])
+    return torch.autograd.grad(triangle_attention(q, k, v, bias, mask), leaves, do)
+
+
+def kernel_times(config: LaunchConfig, n, d, heads, iters=10, **kw) -> dict[str, float]:
+    leaves, mask, do = inputs(n, d, heads, **kw)
+    with launch_config(config):
+        for _ in range(3):
+            fwd_bwd(leaves, mask, do)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                fwd_bwd(leaves, mask, do)
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(iters):
+            fwd_bwd(leaves, mask, do)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) * 1000 / iters
+    times = defaultdict(float)
+    for evt in prof.key_averages():
+        name = next((k for k in KERNELS if evt.key.startswith(k)), None)
+        times[name or "other"] += evt.device_time_total / 1000 / iters   # ms per call
+    times["wall"] = wall
+    return dict(times)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=768)
+    parser.add_argument("--d", type=int, default=32)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--ncu", action="store_true", help="two fwd+bwd calls of the default config, for ncu")
+    parser.add_argument("--quick", action="store_true", help="only the first three variants")
+    args = parser.parse_args()
+    base = default_config(args.d)
+    if args.ncu:
+        leaves, mask, do = inputs(args.n, args.d, args.heads)
+        with launch_config(LaunchConfig(**{**base.__dict__, "fast_exp": True})):
+            for _ in range(2):
+                fwd_bwd(leaves, mask, do)
+        torch.cuda.synchronize()
+        return
+    variants = {
+        "v1 default (split, tl.exp2)": (LaunchConfig(**{**base.__dict__, "fast_exp": False}), {}),
+        "fast_exp": (LaunchConfig(**{**base.__dict__, "fast_exp": True}), {}),
+        "fast_exp, no split": (LaunchConfig(**{**base.__dict__, "fast_exp": True, "split": False}), {}),
+        "fast_exp, bf16 bias": (LaunchConfig(**{**base.__dict__, "fast_exp": True}), {"bias": "bf16"}),
+        "fast_exp, broadcast bias": (LaunchConfig(**{**base.__dict__, "fast_exp": True}), {"bias": "broadcast"}),
+        "fast_exp, no mask": (LaunchConfig(**{**base.__dict__, "fast_exp": True}), {"masked": False}),
+        "fwd 64x64 w4 s2, bwd 64x128 w4 s2": (LaunchConfig(64, 64, 4, 2, 64, 128, 4, 2, 64, 4, 1,
+                                                           fast_exp=True), {}),
+        "fwd 128x128 w8, bwd 128x64 w8": (LaunchConfig(128, 128, 8, 2, 128, 64, 8, 1, 64, 8, 1, fast_exp=True), {}),
+        "fwd 64x32 w4 s3, bwd 32x128 w4": (LaunchConfig(64, 32, 4, 3, 32, 128, 4, 1, 32, 4, 1, fast_exp=True), {}),
+        "fwd 128x64 w4 s3, bwd 64x64 w4 s2": (LaunchConfig(128, 64, 4, 3, 64, 64, 4, 2, 64, 4, 2, fast_exp=True),
+                                              {}),
+        "dbias 128 tiles w8": (LaunchConfig(**{**base.__dict__, "fast_exp": True, "dbias_block": 128,
+                                               "dbias_warps": 8}), {}),
+        "dbias 32 tiles w4": (LaunchConfig(**{**base.__dict__, "fast_exp": True, "dbias_block": 32}), {}),
+    }
+    rows = []
+    for name, (config, kw) in list(variants.items())[:3 if args.quick else None]:
+        try:
+            t = kernel_times(config, args.n, args.d, args.heads, **kw)
+        except Exception as err:
+            print(f"{name}: {type(err).__name__}: {str(err)[:300]}", flush=True)
+            continue
+        rows.append((name, t))
+        print(name, {k: round(v, 3) for k, v in t.items()}, flush=True)
+    print(f"\nN={args.n} D={args.d} H={args.heads}: device ms per fwd+bwd call (torch.profiler)")
+    cols = list(KERNELS) + ["other"]
+    print(f"{'variant':38s}" + "".join(f"{c:>11s}" for c in cols) + f"{'device':>9s}{'wall':>9s}")
+    for name, t in rows:
+        device = sum(t.get(c, 0) for c in cols)
+        print(f"{name:38s}" + "".join(f"{t.get(c, 0):11.3f}" for c in cols) + f"{device:9.3f}{t['wall']:9.3f}")
+
+
+if __name__ == "__main__":
+    main()
