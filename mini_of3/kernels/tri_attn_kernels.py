@@ -72,13 +72,20 @@ def _dot(a, b, DOT_PREC: tl.constexpr):
 
 
 @triton.jit
-def _dot_split(p, x, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr):
-    """p @ x with p (float32) rounded to x's dtype; SPLIT adds the product of the rounding residual (hi + lo)."""
+def _dot_split(p, x, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, TRANS_P: tl.constexpr = False):
+    """p @ x (or p^T @ x) with p (float32) rounded to x's dtype for the tensor cores; SPLIT adds the product of the
+    rounding residual (p = hi + lo), which removes that rounding's error at the cost of one more MMA."""
     p_hi = p.to(x.dtype)
-    out = _dot(p_hi, x, DOT_PREC)
+    if TRANS_P:
+        out = _dot(tl.trans(p_hi), x, DOT_PREC)
+    else:
+        out = _dot(p_hi, x, DOT_PREC)
     if SPLIT:
         p_lo = (p - p_hi.to(tl.float32)).to(x.dtype)
-        out += _dot(p_lo, x, DOT_PREC)
+        if TRANS_P:
+            out += _dot(tl.trans(p_lo), x, DOT_PREC)
+        else:
+            out += _dot(p_lo, x, DOT_PREC)
     return out
 
 
@@ -89,7 +96,7 @@ def _fwd(Q, K, V, BIAS, MASK, BETA, O, O_LO, LSE,
          so_b, so_i, so_j, so_h, so_d,
          B, I, J, H, scale, J_BUCKET,
          HAS_MASK: tl.constexpr, SIGMOID: tl.constexpr, STORE_LSE: tl.constexpr, STORE_LO: tl.constexpr,
-         SPLIT: tl.constexpr, FAST_EXP: tl.constexpr,
+         SPLIT_P: tl.constexpr, FAST_EXP: tl.constexpr,
          DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     # program order: query tile fastest, then head, then row: the programs in flight share rows i (their k and v
     # are read from HBM once) and the bias of every head stays in L2.
@@ -129,14 +136,14 @@ def _fwd(Q, K, V, BIAS, MASK, BETA, O, O_LO, LSE,
                        mask=(offs_j[:, None] < J) & (offs_k[None, :] < J), other=0.0).to(tl.float32)
         s2 = _dot(q, tl.trans(k), DOT_PREC) * scale2 + (bias * 1.4426950408889634 + key_mask[None, :])
         if SIGMOID:
-            acc += _dot_split(_sigmoid2(s2, FAST_EXP), v, SPLIT, DOT_PREC)
+            acc += _dot_split(_sigmoid2(s2, FAST_EXP), v, SPLIT_P, DOT_PREC)
         else:
             m_new = tl.maximum(m_run, tl.max(s2, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = _exp2(s2 - m_safe[:, None], FAST_EXP)
             alpha = _exp2(m_run - m_safe, FAST_EXP)
             l_run = l_run * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + _dot_split(p, v, SPLIT, DOT_PREC)
+            acc = acc * alpha[:, None] + _dot_split(p, v, SPLIT_P, DOT_PREC)
             m_run = m_new
     if not SIGMOID:
         has_key = l_run > 0.0
@@ -186,18 +193,15 @@ def _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID: tl.constexpr):
 
 
 @triton.jit
-def _probs_and_dscores(q, k, v, do, bias, key_mask, lse, delta, scale2, SIGMOID: tl.constexpr,
-                       FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Recompute p [BJ, BK] and dS = dL/d(score) [BJ, BK] for one tile; key_mask holds -inf for masked keys and,
-    for sigmoid, log2(e) * beta. Masked keys and padded query rows come out with p = dS = 0 where it matters."""
-    s2 = _dot(q, tl.trans(k), DOT_PREC) * scale2 + (bias * 1.4426950408889634 + key_mask[None, :])
-    dp = _dot(do, tl.trans(v), DOT_PREC)
+def _probs_and_dscores(s2, dp, lse, delta, SIGMOID: tl.constexpr, FAST_EXP: tl.constexpr):
+    """p and dS = dL/d(score) of one tile from the base-2 scores s2 (-inf at masked keys) and dP = dO . v;
+    lse and delta come broadcast to the tile's shape (row statistics of the queries)."""
     if SIGMOID:
         p = _sigmoid2(s2, FAST_EXP)
         ds = dp * p * (1.0 - p)
     else:
-        p = _exp2(s2 - lse[:, None], FAST_EXP)
-        ds = p * (dp - delta[:, None])
+        p = _exp2(s2 - lse, FAST_EXP)
+        ds = p * (dp - delta)
     return p, ds
 
 
@@ -207,8 +211,11 @@ def _bwd_dqkv(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
               sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
               sg_b, sg_i, sg_j, sg_h, sg_d,
               B, I, J, H, scale, J_BUCKET,
-              HAS_MASK: tl.constexpr, SIGMOID: tl.constexpr, SPLIT: tl.constexpr, FAST_EXP: tl.constexpr,
-              DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+              HAS_MASK: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
+              FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
+              BLOCK_D: tl.constexpr):
+    # Tiles are computed transposed, [key, query] (as FlashAttention-2's backward): p^T and dS^T are then the
+    # A operands of dV += p^T dO and dK += dS^T q straight from registers; only dQ += dS k needs a transpose.
     pid = tl.program_id(0)
     h = pid % H
     i = (pid // H) % I
@@ -249,16 +256,17 @@ def _bwd_dqkv(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
             in_j = offs_j < J
             q = _load_tile(q_base, offs_j, offs_d, sq_j, sq_d, J)                               # [BJ, D]
             do = _load_tile(do_base, offs_j, offs_d, sd_j, sd_d, J)                             # [BJ, D]
-            bias = tl.load(bias_base + offs_j[:, None] * sb_j + offs_k[None, :] * sb_k,
-                           mask=in_j[:, None] & (offs_k[None, :] < J), other=0.0).to(tl.float32)
+            bias_t = tl.load(bias_base + offs_k[:, None] * sb_k + offs_j[None, :] * sb_j,
+                             mask=(offs_k[:, None] < J) & in_j[None, :], other=0.0).to(tl.float32)   # [BK, BJ]
             lse, delta = _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID)
-            p, ds = _probs_and_dscores(q, k, v, do, bias, key_mask, lse, delta, scale2, SIGMOID, FAST_EXP,
-                                       DOT_PREC)
-            dv += _dot_split(tl.trans(p), do, SPLIT, DOT_PREC)                                 # [BK, D]
-            dk += _dot_split(tl.trans(ds), q, SPLIT, DOT_PREC)                                 # [BK, D]
+            s2t = _dot(k, tl.trans(q), DOT_PREC) * scale2 + (bias_t * 1.4426950408889634 + key_mask[:, None])
+            dpt = _dot(v, tl.trans(do), DOT_PREC)                                               # [BK, BJ]
+            pt, dst = _probs_and_dscores(s2t, dpt, lse[None, :], delta[None, :], SIGMOID, FAST_EXP)
+            dv += _dot_split(pt, do, False, DOT_PREC)    # [BK, D]; p's rounding shows only in dv, as its own
+            dk += _dot_split(dst, q, SPLIT_DS, DOT_PREC)                                        # [BK, D]
             acc_ptrs = acc_base + offs_j[:, None] * BLOCK_D + offs_d[None, :]
             dq = tl.load(acc_ptrs, mask=offs_j[:, None] < rows_read, other=0.0)
-            dq += _dot_split(ds, k, SPLIT, DOT_PREC)                                           # [BJ, D]
+            dq += _dot_split(dst, k, SPLIT_DS, DOT_PREC, TRANS_P=True)                          # [BJ, D]
             tl.store(acc_ptrs, dq, mask=offs_j[:, None] < rows_keep)
             g_ptrs = g_base + offs_j[:, None] * sg_j + offs_d[None, :] * sg_d
             tl.store(DQ + g_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=offs_j[:, None] < rows_out)
@@ -294,6 +302,8 @@ def _bwd_dbias(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DBIAS,
     tile_mask = in_j[:, None] & in_k[None, :]
     bias = tl.load(BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j + offs_k[None, :] * sb_k,
                    mask=tile_mask, other=0.0).to(tl.float32)
+    bias2 = bias * 1.4426950408889634
+    scale2 = scale * 1.4426950408889634
     acc = tl.zeros([BLOCK_J, BLOCK_K], dtype=tl.float32)
     i_start = c * rows_per_chunk
     i_end = tl.minimum(i_start + rows_per_chunk, I)
@@ -308,8 +318,9 @@ def _bwd_dbias(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DBIAS,
             key_mask += tl.load(BETA + b64 * I + i64) * 1.4426950408889634
         row_base = ((b64 * H + h) * I + i64) * J
         lse, delta = _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID)
-        p, ds = _probs_and_dscores(q, k, v, do, bias, key_mask, lse, delta, scale * 1.4426950408889634, SIGMOID,
-                                   FAST_EXP, DOT_PREC)
+        s2 = _dot(q, tl.trans(k), DOT_PREC) * scale2 + (bias2 + key_mask[None, :])
+        dp = _dot(do, tl.trans(v), DOT_PREC)
+        p, ds = _probs_and_dscores(s2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
         acc += ds
     out_ptrs = DBIAS + c.to(tl.int64) * so_c + b64 * so_b + h * so_h + offs_j[:, None] * so_j + offs_k[None, :] * so_k
     tl.store(out_ptrs, acc.to(DBIAS.dtype.element_ty), mask=tile_mask)

@@ -113,19 +113,21 @@ class LaunchConfig:
     dbias_warps: int = 4
     dbias_stages: int = 1
     dbias_chunks: int | None = None   # None: as many chunks of rows as it takes to fill the GPU
-    split: bool | None = None         # hi+lo split of the rounded probabilities in the matmuls (None: on for 16-bit)
+    split_p: bool | None = None       # hi+lo split of p in the forward's p @ v (None: MINI_OF3_SPLIT_P, default on)
+    split_ds: bool | None = None      # hi+lo split of dS in dS @ k and dS^T @ q (None: MINI_OF3_SPLIT_DS, default on)
     fast_exp: bool | None = None      # ex2.approx.ftz / rcp.approx through inline PTX (None: on for CUDA)
 
 
 def default_config(head_dim: int) -> LaunchConfig:
-    """A good fixed configuration for each head dim (used under the interpreter and with MINI_OF3_AUTOTUNE=0)."""
+    """A good fixed configuration for each head dim (used under the interpreter and with MINI_OF3_AUTOTUNE=0);
+    the D <= 32 one is the fastest fixed set measured on the H200 (NOTES.md)."""
     if _interpreting():
         return LaunchConfig(32, 32, 4, 1, 32, 32, 4, 1, 32, 4, 1)
     if head_dim <= 32:
-        return LaunchConfig(128, 64, 8, 2, 64, 128, 8, 1, 64, 4, 1)
+        return LaunchConfig(64, 32, 4, 3, 64, 64, 4, 2, 64, 4, 2)
     if head_dim == 64:
-        return LaunchConfig(64, 64, 4, 2, 64, 64, 4, 1, 64, 4, 1)
-    return LaunchConfig(64, 32, 4, 2, 32, 64, 4, 1, 32, 4, 1)
+        return LaunchConfig(64, 32, 4, 2, 32, 64, 4, 2, 64, 4, 1)
+    return LaunchConfig(32, 32, 4, 2, 32, 32, 4, 2, 32, 4, 1)
 
 
 _override: LaunchConfig | None = None
@@ -149,29 +151,33 @@ def _autotune_enabled() -> bool:
 
 
 def _fwd_configs(head_dim: int) -> list[triton.Config]:
-    blocks = [(64, 64, 4, 2), (128, 64, 8, 2), (128, 64, 4, 2), (128, 128, 8, 2), (64, 128, 4, 2), (128, 32, 4, 3)]
-    if head_dim >= 64:
-        blocks = [(64, 64, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2), (128, 32, 8, 2)]
+    blocks = [(64, 32, 4, 3), (64, 64, 4, 2), (128, 64, 4, 3), (64, 32, 4, 2), (128, 32, 4, 3), (32, 64, 4, 2)]
+    if head_dim == 64:
+        blocks = [(64, 32, 4, 2), (64, 64, 4, 2), (32, 64, 4, 2), (32, 32, 4, 2)]
+    elif head_dim == 128:
+        blocks = [(32, 32, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2)]
     return [triton.Config({"BLOCK_J": bj, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bj, bk, w, s in blocks]
 
 
 def _bwd_configs(head_dim: int) -> list[triton.Config]:
-    blocks = [(64, 64, 4, 1), (64, 128, 8, 1), (128, 64, 8, 1), (32, 128, 4, 1), (64, 128, 4, 2), (128, 128, 8, 1)]
-    if head_dim >= 64:
-        blocks = [(64, 64, 4, 1), (32, 64, 4, 1), (64, 32, 4, 1), (32, 32, 4, 1)]
+    blocks = [(64, 64, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2), (128, 64, 4, 2), (64, 128, 4, 2), (32, 32, 4, 2)]
+    if head_dim == 64:
+        blocks = [(32, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2), (64, 64, 4, 2)]
+    elif head_dim == 128:
+        blocks = [(32, 32, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2)]
     return [triton.Config({"BLOCK_J": bj, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bj, bk, w, s in blocks]
 
 
 def _dbias_configs() -> list[triton.Config]:
-    return [triton.Config({}, num_warps=w, num_stages=s) for w, s in ((4, 1), (8, 1), (4, 2))]
+    return [triton.Config({}, num_warps=w, num_stages=s) for w, s in ((4, 1), (4, 2), (8, 2))]
 
 
 _tuned: dict[str, object] = {}
 
 
-def _tuned_kernel(name: str, kernel, configs):
+def _tuned_kernel(name: str, kernel, configs, extra_key: tuple[str, ...] = ()):
     if name not in _tuned:
-        key = ["J_BUCKET", "BLOCK_D", "HAS_MASK", "SIGMOID"]
+        key = ["J_BUCKET", "BLOCK_D", "HAS_MASK", "SIGMOID", *extra_key]
         try:   # the chosen configs persist in Triton's cache across processes (triton >= 3.2)
             _tuned[name] = triton.autotune(configs=configs, key=key, cache_results=True)(kernel)
         except TypeError:
@@ -215,20 +221,25 @@ def _use_fast_exp(config: LaunchConfig, device: torch.device) -> bool:
     return os.environ.get("MINI_OF3_FAST_EXP", "1") != "0"
 
 
-def _use_split(config: LaunchConfig, dtype: torch.dtype) -> bool:
-    """Split the rounded probabilities into hi + lo parts (16-bit inputs only): MINI_OF3_SPLIT=0 turns it off."""
+def _use_split(config: LaunchConfig, dtype: torch.dtype, which: str) -> bool:
+    """hi + lo split of the float32 p ("p", the forward's p @ v) or dS ("ds", dS @ k and dS^T @ q) before the
+    16-bit matmuls; env MINI_OF3_SPLIT_P / MINI_OF3_SPLIT_DS = 0 turns one off. Both default on: p's rounding in the
+    forward would reach every gradient through delta = rowsum(dO * o) (dbias error 1e-3 instead of 1e-6), and dq, dk
+    sum dS with cancellation. The backward's p^T @ dO is not split: that rounding shows only in dv, at the size of
+    dv's own output rounding."""
     if dtype == torch.float32:
         return False
-    if config.split is not None:
-        return config.split
-    return os.environ.get("MINI_OF3_SPLIT", "1") != "0"
+    chosen = config.split_p if which == "p" else config.split_ds
+    if chosen is not None:
+        return chosen
+    return os.environ.get(f"MINI_OF3_SPLIT_{which.upper()}", "1") != "0"
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # forward and backward launchers
 
 
-def _forward(q, k, v, bias, mask, beta, sigmoid: bool, scale: float, residuals: bool):
+def _forward(q, k, v, bias, mask, beta, sigmoid: bool, scale: float, residuals: bool, split_p: bool):
     B, I, J, H, D = q.shape
     config = _override or default_config(D)
     o = _new((B, I, J, H, D), q.dtype, q.device)
@@ -241,11 +252,11 @@ def _forward(q, k, v, bias, mask, beta, sigmoid: bool, scale: float, residuals: 
             lse if lse.numel() else o,
             *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *mask_strides, *o.stride(), B, I, J, H, scale)
     flags = dict(HAS_MASK=mask is not None, SIGMOID=sigmoid, STORE_LSE=store_residuals, STORE_LO=o_lo.numel() > 0,
-                 SPLIT=_use_split(config, q.dtype), FAST_EXP=_use_fast_exp(config, q.device),
+                 SPLIT_P=split_p, FAST_EXP=_use_fast_exp(config, q.device),
                  DOT_PREC=_dot_precision(q.dtype),
                  BLOCK_D=D)
     if _autotune_enabled():
-        kernel = _tuned_kernel("fwd", K._fwd, _fwd_configs(D))
+        kernel = _tuned_kernel("fwd", K._fwd, _fwd_configs(D), ("SPLIT_P",))
         grid = lambda meta: (B * I * H * triton.cdiv(J, meta["BLOCK_J"]),)
         kernel[grid](*args, _bucket(J), **flags)
     else:
@@ -255,7 +266,7 @@ def _forward(q, k, v, bias, mask, beta, sigmoid: bool, scale: float, residuals: 
     return o, o_lo, lse
 
 
-def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale: float):
+def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale: float, split_ds: bool):
     B, I, J, H, D = q.shape
     config = _override or default_config(D)
     device = q.device
@@ -281,21 +292,23 @@ def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale:
     strides = (*q.stride(), *k.stride(), *v.stride(), *bias.stride(), *mask_strides, *do.stride())
     flags = dict(HAS_MASK=mask is not None, SIGMOID=sigmoid, DOT_PREC=dot_prec, BLOCK_D=D,
                  FAST_EXP=_use_fast_exp(config, device))
-    split = _use_split(config, q.dtype)
+    splits = dict(SPLIT_DS=split_ds)
     dqkv_args = (*common, dq_acc, dq, dk, dv, *strides, *dq.stride(), B, I, J, H, scale)
     if _autotune_enabled():
-        kernel = _tuned_kernel("dqkv", K._bwd_dqkv, _bwd_configs(D))
-        kernel[(B * I * H,)](*dqkv_args, _bucket(J), SPLIT=split, **flags)
+        kernel = _tuned_kernel("dqkv", K._bwd_dqkv, _bwd_configs(D), ("SPLIT_DS",))
+        kernel[(B * I * H,)](*dqkv_args, _bucket(J), **splits, **flags)
     else:
-        K._bwd_dqkv[(B * I * H,)](*dqkv_args, _bucket(J), SPLIT=split, **flags, BLOCK_J=config.bwd_block_j,
+        K._bwd_dqkv[(B * I * H,)](*dqkv_args, _bucket(J), **splits, **flags, BLOCK_J=config.bwd_block_j,
                                   BLOCK_K=config.bwd_block_k, num_warps=config.bwd_warps,
                                   num_stages=config.bwd_stages)
 
-    # dbias = sum over rows i of dS: rows are split into chunks only when the tile grid alone cannot fill the GPU
+    # dbias = sum over rows i of dS. Rows are split into chunks so that the grid holds at least ~16 programs per SM
+    # (whole waves: at N = 768 the 576 tiles alone fill 2.2 waves, a quarter of the last one idle); the chunk
+    # partials (B*H*J*K float32 each) are summed afterwards in order.
     block = config.dbias_block if not _autotune_enabled() else (64 if D <= 64 else 32)
     tiles = B * H * triton.cdiv(J, block) ** 2
     chunks = config.dbias_chunks if (config.dbias_chunks and not _autotune_enabled()) else \
-        max(1, min(I, math.ceil(4 * _num_sms(device) / tiles)))
+        max(1, min(I, math.ceil(16 * _num_sms(device) / tiles)))
     rows_per_chunk = math.ceil(I / chunks)
     chunks = math.ceil(I / rows_per_chunk)
     dbias = _new((B, H, J, J), bias.dtype, device)
@@ -320,13 +333,13 @@ def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale:
 
 @torch.library.custom_op("mini_of3::triangle_attention_fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor | None,
-            beta: torch.Tensor | None, sigmoid: bool, scale: float, residuals: bool
+            beta: torch.Tensor | None, sigmoid: bool, scale: float, residuals: bool, split_p: bool, split_ds: bool
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _forward(q, k, v, bias, mask, beta, sigmoid, scale, residuals)
+    return _forward(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p)
 
 
 @_fwd_op.register_fake
-def _fwd_fake(q, k, v, bias, mask, beta, sigmoid, scale, residuals):
+def _fwd_fake(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds):
     B, I, J, H, D = q.shape
     keep = residuals and not sigmoid
     o = q.new_empty((B, I, J, H, D))
@@ -338,28 +351,28 @@ def _fwd_fake(q, k, v, bias, mask, beta, sigmoid, scale, residuals):
 @torch.library.custom_op("mini_of3::triangle_attention_bwd", mutates_args=())
 def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
             mask: torch.Tensor | None, beta: torch.Tensor | None, o: torch.Tensor, o_lo: torch.Tensor,
-            lse: torch.Tensor, sigmoid: bool, scale: float
+            lse: torch.Tensor, sigmoid: bool, scale: float, split_ds: bool
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid, scale)
+    return _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid, scale, split_ds)
 
 
 @_bwd_op.register_fake
-def _bwd_fake(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid, scale):
+def _bwd_fake(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid, scale, split_ds):
     return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), bias.new_empty(bias.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, bias, mask, beta, sigmoid, scale, residuals = inputs
+    q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds = inputs
     o, o_lo, lse = output
     ctx.save_for_backward(q, k, v, bias, mask, beta, o, o_lo, lse)
-    ctx.sigmoid, ctx.scale = sigmoid, scale
+    ctx.sigmoid, ctx.scale, ctx.split_ds = sigmoid, scale, split_ds
     ctx.mark_non_differentiable(o_lo, lse)
 
 
 def _autograd_backward(ctx, do, _do_lo, _dlse):
     q, k, v, bias, mask, beta, o, o_lo, lse = ctx.saved_tensors
-    dq, dk, dv, dbias = _bwd_op(do, q, k, v, bias, mask, beta, o, o_lo, lse, ctx.sigmoid, ctx.scale)
-    return dq, dk, dv, dbias, None, None, None, None, None
+    dq, dk, dv, dbias = _bwd_op(do, q, k, v, bias, mask, beta, o, o_lo, lse, ctx.sigmoid, ctx.scale, ctx.split_ds)
+    return dq, dk, dv, dbias, None, None, None, None, None, None, None
 
 
 _fwd_op.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -411,5 +424,7 @@ def triangle_attention(
         else:
             beta = torch.full((B, I), -math.log(J), dtype=torch.float32, device=q.device)
     residuals = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, bias))
-    o, _, _ = _fwd_op(q, k, v, bias, mask, beta, sigmoid, scale, residuals)
+    config = _override or default_config(D)
+    split_p, split_ds = _use_split(config, q.dtype, "p"), _use_split(config, q.dtype, "ds")
+    o, _, _ = _fwd_op(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds)
     return o
