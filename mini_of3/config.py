@@ -38,8 +38,10 @@ class DataConfig:
     max_resolution: float | None = 9.0       # Angstrom; None keeps all (NMR has no resolution)
     methods: list[str] = field(default_factory=list)  # empty keeps every experimental method
     sample_weighting: Literal["uniform", "length", "chains"] = "chains"
+    samples_per_epoch: int | None = None     # examples per epoch over all ranks; None: one per training entry
     batch_size: int = 1
     num_workers: int = 2
+    parse_timeout_s: float = 120.0           # per mmCIF file when preparing data.root into data.cache_dir
 
 
 @dataclass
@@ -68,10 +70,13 @@ class ModelConfig:
     sigma_data: float = 16.0
     diffusion_samples: int = 8               # noise levels / augmentations per structure per step (AF3: 48)
     sampling_steps: int = 50
+    plddt_rollout_steps: int = 10            # gradient-free mini-rollout whose sample trains the pLDDT head (AF3: 20)
 
 
 @dataclass
 class LossConfig:
+    # total = distogram * L_distogram + diffusion * (L_mse + smooth_lddt * L_smooth_lddt) + plddt * L_plddt,
+    # with L_mse the sigma-weighted aligned MSE; smooth lDDT is part of AF3's L_diffusion (SI eq. 6)
     distogram: float = 1.0
     diffusion: float = 4.0
     smooth_lddt: float = 1.0

@@ -1,0 +1,262 @@
+"""Training data for the model: a torch ``Dataset`` over a prepared folder, its sampler, collate and loaders.
+
+Examples are pure functions of ``(seed, epoch, index)``: ``dataset[(index, epoch)]`` always gives the same crop, and
+:class:`EpochSampler` gives a deterministic stream of ``(index, epoch)`` per epoch, which a rank slices as
+``stream[rank::world_size]`` and which resumes at any position; so a run restored from a checkpoint sees exactly the
+examples it would have seen.
+"""
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Literal, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from ..config import DataConfig
+from .crop import crop_rng, crop_structure
+from .manifest import ManifestRow, load_prepared, read_manifest
+from .tokens import FEATURE_NAMES, token_features
+
+Split = Literal["train", "val", "all"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# which entries: filters and the train/validation split
+
+
+def is_validation(row: ManifestRow, cfg: DataConfig) -> bool:
+    """An entry validates when named in ``cfg.val_ids`` (file id or PDB id, any case) or released after
+    ``cfg.val_after``; it is then never trained on."""
+    wanted = {v.upper() for v in cfg.val_ids}
+    if row.id.upper() in wanted or row.pdb_id.upper() in wanted:
+        return True
+    return bool(cfg.val_after and row.release_date and row.release_date > cfg.val_after)
+
+
+def filter_reason(row: ManifestRow, cfg: DataConfig) -> str | None:
+    """Why ``row`` fails the filters of ``cfg`` (length, resolution, method), or None when it passes."""
+    if row.tokens < cfg.min_tokens:
+        return f"{row.tokens} tokens < min_tokens {cfg.min_tokens}"
+    if cfg.max_tokens is not None and row.tokens > cfg.max_tokens:
+        return f"{row.tokens} tokens > max_tokens {cfg.max_tokens}"
+    if cfg.max_resolution is not None and row.resolution is not None and row.resolution > cfg.max_resolution:
+        return f"resolution {row.resolution} A > max_resolution {cfg.max_resolution}"
+    if cfg.methods:
+        allowed = {m.upper() for m in cfg.methods}
+        if not allowed & set(row.method.upper().split(";")):
+            return f"method {row.method!r} not in {sorted(allowed)}"
+    return None
+
+
+def select_entries(rows: Sequence[ManifestRow], cfg: DataConfig, split: Split) -> list[ManifestRow]:
+    """The entries of ``split``: those passing the filters, then the validation ones (``val``), the others
+    (``train``) or both (``all``)."""
+    if split not in ("train", "val", "all"):
+        raise ValueError(f"split must be 'train', 'val' or 'all', got {split!r}")
+    kept = [r for r in rows if filter_reason(r, cfg) is None]
+    if split == "all":
+        return kept
+    return [r for r in kept if is_validation(r, cfg) == (split == "val")]
+
+
+def sample_weights(rows: Sequence[ManifestRow], how: Literal["uniform", "length", "chains"]) -> np.ndarray:
+    """Relative sampling weight of each entry: uniform, by token count, or by chain count (a simple stand-in for
+    AF3 SI 2.5.1, which samples chains and interfaces, so that entries with more chains come up more often)."""
+    if how == "uniform":
+        w = np.ones(len(rows))
+    elif how == "length":
+        w = np.array([r.tokens for r in rows], dtype=np.float64)
+    elif how == "chains":
+        w = np.array([r.chains for r in rows], dtype=np.float64)
+    else:
+        raise ValueError(f"sample weighting must be 'uniform', 'length' or 'chains', got {how!r}")
+    return w / w.sum() if len(w) else w
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the dataset
+
+
+class ProteinDataset(Dataset):
+    """Cropped examples of the entries of a prepared folder (see :func:`select_entries` for ``split``).
+
+    ``dataset[index]`` uses the current ``epoch`` (:meth:`set_epoch`); ``dataset[(index, epoch)]`` names it. Each
+    item is a dict of tensors (:mod:`.tokens`) plus ``id``, ``pdb_id`` and ``crop_method``.
+    """
+
+    def __init__(self, prepared: str | Path, cfg: DataConfig, split: Split = "train", seed: int = 0,
+                 rows: Sequence[ManifestRow] | None = None, interface_cache: int = 1024):
+        self.prepared = Path(prepared)
+        self.cfg = cfg
+        self.split = split
+        self.seed = seed
+        self.rows = select_entries(read_manifest(self.prepared) if rows is None else rows, cfg, split)
+        if split == "val":
+            found = {r.id.upper() for r in self.rows} | {r.pdb_id.upper() for r in self.rows}
+            missing = sorted(v for v in cfg.val_ids if v.upper() not in found)
+            if missing:
+                warnings.warn(f"{prepared}: val_ids {missing} are not among the entries that pass the filters")
+        self.epoch = 0
+        self._interface: OrderedDict[int, np.ndarray] = OrderedDict()   # per-worker cache of interface masks
+        self._interface_cache = interface_cache
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def weights(self) -> np.ndarray:
+        return sample_weights(self.rows, self.cfg.sample_weighting)
+
+    def structure(self, index: int):
+        return load_prepared(self.prepared / self.rows[index].npz)
+
+    def __getitem__(self, item: int | tuple[int, int]) -> dict:
+        index, epoch = item if isinstance(item, tuple) else (item, self.epoch)
+        if not 0 <= index < len(self.rows):
+            raise IndexError(f"index {index} out of range for {len(self.rows)} entries")
+        row = self.rows[index]
+        structure = self.structure(index)
+        crop = crop_structure(structure, self.cfg.crop_size, crop_rng(self.seed, epoch, index),
+                              weights=self.cfg.crop_weights, interface=self._interface.get(index),
+                              distance=self.cfg.interface_distance)
+        if crop.interface is not None and index not in self._interface:
+            self._interface[index] = crop.interface
+            if len(self._interface) > self._interface_cache:
+                self._interface.popitem(last=False)
+        out: dict = {name: torch.from_numpy(value) for name, value in token_features(structure, crop.indices).items()}
+        out.update(id=row.id, pdb_id=row.pdb_id, crop_method=crop.method)
+        return out
+
+
+def collate(batch: list[dict]) -> dict:
+    """Stack examples, padding every token feature to the longest in the batch: 0 for values, False for masks
+    (``token_mask`` marks the real tokens). Strings become lists."""
+    if not batch:
+        raise ValueError("collate: empty batch")
+    n_max = max(int(item["token_mask"].shape[0]) for item in batch)
+    out: dict = {}
+    for name in FEATURE_NAMES:
+        first = batch[0][name]
+        padded = torch.zeros((len(batch), n_max, *first.shape[1:]), dtype=first.dtype)
+        for b, item in enumerate(batch):
+            padded[b, : item[name].shape[0]] = item[name]
+        out[name] = padded
+    for name in batch[0]:
+        if name not in out:
+            out[name] = [item[name] for item in batch]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the sampler
+
+
+class EpochSampler(Sampler):
+    """A deterministic, resumable, rank-sharded stream of ``(index, epoch)`` pairs.
+
+    Per epoch the stream (:meth:`stream`) is a permutation for uniform weights, else a weighted draw with replacement
+    (like ``WeightedRandomSampler``), from ``numpy.random.default_rng((seed, epoch))``, padded by wrapping to a
+    multiple of ``world_size``; rank ``r`` takes ``stream[r::world_size]``, so ranks never share an example of the
+    permutation and all get the same count. ``set_epoch(epoch, start)`` sets where the next ``__iter__`` begins:
+    store ``{"epoch": e, "start": examples this rank consumed}`` in a checkpoint and call
+    ``load_state_dict`` to continue exactly there (``state_dict()`` returns what was last set).
+    """
+
+    def __init__(self, weights: np.ndarray, seed: int, *, num_samples: int | None = None, rank: int = 0,
+                 world_size: int = 1):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        weights = np.asarray(weights, dtype=np.float64)
+        if len(weights) == 0 or weights.min() < 0 or weights.sum() <= 0:
+            raise ValueError(f"weights must be non-negative and not all zero, got {len(weights)} weights")
+        self.p = weights / weights.sum()
+        self.uniform = bool(np.allclose(self.p, self.p[0]))
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        n = num_samples if num_samples is not None else len(weights)
+        self.total = -(-n // world_size) * world_size        # a multiple of world_size
+        self.epoch, self.start = 0, 0
+
+    def stream(self, epoch: int) -> np.ndarray:
+        """``[total]`` entry indices of one epoch, for all ranks."""
+        rng = np.random.default_rng((self.seed, epoch))
+        n = len(self.p)
+        if self.uniform:
+            order = rng.permutation(n)
+            return np.resize(order, self.total)                # wraps around to fill a multiple of world_size
+        return rng.choice(n, size=self.total, replace=True, p=self.p)
+
+    def indices(self, epoch: int) -> np.ndarray:
+        """This rank's ``[total / world_size]`` entry indices of ``epoch``."""
+        return self.stream(epoch)[self.rank :: self.world_size]
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "start": self.start, "seed": self.seed, "total": self.total,
+                "world_size": self.world_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("seed", self.seed) != self.seed or state.get("total", self.total) != self.total:
+            raise ValueError(f"sampler state is for seed {state.get('seed')} and {state.get('total')} samples per "
+                             f"epoch, this sampler has seed {self.seed} and {self.total}")
+        self.set_epoch(int(state["epoch"]), int(state["start"]))
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.epoch
+        for i in self.indices(epoch)[self.start :]:
+            yield int(i), epoch
+
+    def __len__(self) -> int:
+        return self.total // self.world_size - self.start
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# loaders
+
+
+@dataclass
+class DataLoaders:
+    train: DataLoader
+    val: DataLoader | None
+    train_sampler: EpochSampler
+
+
+def _worker_init(_: int) -> None:
+    torch.set_num_threads(1)      # numpy work per example; threads would fight over the cores the GPU feed needs
+
+
+def make_loader(dataset: ProteinDataset, sampler, batch_size: int, num_workers: int) -> DataLoader:
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate, num_workers=num_workers,
+                      persistent_workers=num_workers > 0, pin_memory=torch.cuda.is_available(),
+                      prefetch_factor=4 if num_workers > 0 else None,
+                      worker_init_fn=_worker_init if num_workers > 0 else None)
+
+
+def build_dataloaders(cfg: DataConfig, prepared: str | Path, seed: int, rank: int = 0,
+                      world_size: int = 1) -> DataLoaders:
+    """Train and validation loaders over a prepared folder for one rank.
+
+    Train: :class:`EpochSampler` (weights from ``cfg.sample_weighting``); call ``loaders.train_sampler.set_epoch``
+    before each epoch (the dataset's crops follow the epoch given with each index). Validation: each rank takes
+    ``val[rank::world_size]`` with the epoch-0 crop, so every validation pass sees the same examples; None when no
+    entry validates.
+    """
+    train = ProteinDataset(prepared, cfg, "train", seed)
+    if len(train) == 0:
+        raise ValueError(f"{prepared}: no training entries left after the filters and the validation split")
+    sampler = EpochSampler(train.weights(), seed, num_samples=cfg.samples_per_epoch, rank=rank, world_size=world_size)
+    val_set = ProteinDataset(prepared, cfg, "val", seed)
+    val = None
+    if len(val_set):
+        val = make_loader(val_set, [(i, 0) for i in range(rank, len(val_set), world_size)], cfg.batch_size,
+                          min(cfg.num_workers, 1))
+    return DataLoaders(train=make_loader(train, sampler, cfg.batch_size, cfg.num_workers), val=val,
+                       train_sampler=sampler)
