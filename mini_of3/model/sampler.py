@@ -1,0 +1,91 @@
+"""Noise levels, augmentation and the EDM sampler of the diffusion module (AF3 SI 3.7, Alg 18 and 19)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def randn(shape, generator: torch.Generator | None, device, dtype=torch.float32) -> torch.Tensor:
+    """Standard normal numbers drawn on the generator's device (any device may be passed in), then moved."""
+    draw_on = generator.device if generator is not None else device
+    return torch.randn(shape, generator=generator, device=draw_on, dtype=dtype).to(device)
+
+
+def training_noise_levels(shape, sigma_data: float, generator: torch.Generator | None, device,
+                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """AF3's training noise distribution (SI 3.7.1): sigma = sigma_data * exp(-1.2 + 1.5 N(0, 1))."""
+    return sigma_data * torch.exp(-1.2 + 1.5 * randn(shape, generator, device, dtype))
+
+
+def noise_schedule(steps: int, sigma_data: float, s_max: float = 160.0, s_min: float = 4e-4, p: float = 7.0,
+                   device=None) -> torch.Tensor:
+    """AF3's sampling schedule (SI 3.7.1): c_tau = sigma_data (s_max^(1/p) + tau/T (s_min^(1/p) - s_max^(1/p)))^p.
+
+    Returns [steps + 1] noise levels in A, from sigma_data * s_max down to sigma_data * s_min.
+    """
+    tau = torch.arange(steps + 1, dtype=torch.float64, device=device) / steps
+    c = sigma_data * (s_max ** (1 / p) + tau * (s_min ** (1 / p) - s_max ** (1 / p))) ** p
+    return c.float()
+
+
+def random_rotation(shape, generator: torch.Generator | None, device) -> torch.Tensor:
+    """Rotations uniform on SO(3) from normalised Gaussian quaternions: [*shape, 3, 3]."""
+    q = randn((*shape, 4), generator, device, torch.float64)     # float64: exactly orthogonal in any dtype
+    w, x, y, z = (q / q.norm(dim=-1, keepdim=True)).unbind(-1)
+    return torch.stack([
+        1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
+    ], dim=-1).view(*shape, 3, 3)
+
+
+def centre_random_augmentation(x: torch.Tensor, mask: torch.Tensor, generator: torch.Generator | None,
+                               s_trans: float = 1.0) -> torch.Tensor:
+    """Centre, then rotate and translate each structure at random (AF3 SI Alg 19).
+
+    x: [B, S, N, 3]; mask: [B, N] bool, the atoms that define the centre. Atoms outside the mask are put on the
+    centre before the rotation, so unresolved or padded positions carry no stale coordinates.
+    Returns [B, S, N, 3] = R (x - centre) + t, with R uniform on SO(3) and t ~ s_trans N(0, I) per structure.
+    """
+    B, S = x.shape[:2]
+    m = mask[:, None, :, None].to(x.dtype)                                       # [B, 1, N, 1]
+    centre = (x * m).sum(-2, keepdim=True) / m.sum(-2, keepdim=True).clamp(min=1)
+    x = (x - centre) * m
+    R = random_rotation((B, S), generator, x.device).to(x.dtype)                 # [B, S, 3, 3]
+    t = s_trans * randn((B, S, 1, 3), generator, x.device, x.dtype)
+    return x @ R.transpose(-1, -2) + t
+
+
+def sample_diffusion(denoise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], shape, mask: torch.Tensor,
+                     *, sigma_data: float, steps: int, generator: torch.Generator | None = None,
+                     dtype: torch.dtype = torch.float32,
+                     gamma_0: float = 0.8, gamma_min: float = 1.0, noise_scale: float = 1.003,
+                     step_scale: float = 1.5) -> torch.Tensor:
+    """EDM sampler of AF3 (SI Alg 18): stochastic steps along the schedule c_0 > c_1 > ... > c_T.
+
+    Parameters
+    ----------
+    denoise : (x_noisy [B, S, N, 3], t [B, S]) -> denoised x [B, S, N, 3]
+    shape : (B, S, N, 3)
+    mask : [B, N] bool, the real tokens (they define the centre of each augmentation)
+    steps : T; gamma_0, gamma_min, noise_scale (lambda), step_scale (eta) : AF3's 0.8, 1, 1.003, 1.5
+    dtype : of the coordinates (float32; float64 for a float64 model)
+
+    Returns
+    -------
+    x [B, S, N, 3]
+    """
+    device = mask.device
+    c = noise_schedule(steps, sigma_data).tolist()          # python floats: no device sync inside the loop
+    x = c[0] * randn(shape, generator, device, dtype)
+    for tau in range(1, steps + 1):
+        x = centre_random_augmentation(x, mask, generator)
+        gamma = gamma_0 if c[tau] > gamma_min else 0.0
+        t_hat = c[tau - 1] * (gamma + 1)
+        zeta = noise_scale * (t_hat ** 2 - c[tau - 1] ** 2) ** 0.5 * randn(shape, generator, device, dtype)
+        x_noisy = x + zeta
+        x_denoised = denoise(x_noisy, torch.full(shape[:2], t_hat, device=device, dtype=dtype))
+        delta = (x_noisy - x_denoised) / t_hat
+        x = x_noisy + step_scale * (c[tau] - t_hat) * delta
+    return x

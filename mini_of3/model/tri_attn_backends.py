@@ -1,0 +1,121 @@
+"""Triangle attention backends: one call signature, several implementations (DESIGN.md, Tensor conventions).
+
+Every backend takes mini_of3's layout and mask convention and returns the same thing:
+
+    attend(q, k, v, bias, mask) -> o
+    q, k, v: [B, I, J, H, D] (any strides; the ending node passes transposed views)
+    bias:    [B, H, J, K], shared by every row i
+    mask:    [B, I, K] bool, True = attend (or None)
+    o:       [B, I, J, H, D]
+
+``mini_of3`` is our fused Triton kernel, ``torch`` its plain PyTorch reference, ``auto`` the kernel on CUDA and the
+reference on CPU. The anchors (``trifast``, ``cueq``, ``of3_triton``) are imported only when chosen; the adapters
+below map layouts and mask conventions onto theirs and copy none of their code. They may copy a non-contiguous input
+internally: that cost is theirs.
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+import torch
+
+from mini_of3.kernels import triangle_attention
+from mini_of3.kernels.triangle_attention import SUPPORTED_HEAD_DIMS
+
+TRI_ATTN_BACKENDS = ("auto", "mini_of3", "torch", "trifast", "cueq", "of3_triton")
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+_ANCHOR_PACKAGES = {
+    "trifast": ("trifast", "triangle_attention"),
+    "cueq": ("cuequivariance_torch", "triangle_attention"),
+    "of3_triton": ("openfold3.core.kernels.triton.evoformer", "TritonEvoformer"),
+}
+
+
+def import_anchor(backend: str, module: str, name: str):
+    """Import ``module.name`` for an anchor backend, or raise an ImportError that names the missing package."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        package = module.split(".")[0]
+        raise ImportError(f"backend {backend!r} needs the package {package!r} ({module}.{name}), which does not "
+                          f"import here: {err}") from err
+
+
+def _key_mask(q: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The mask, or all keys valid: [B, I, K] bool."""
+    if mask is not None:
+        return mask
+    B, I, J = q.shape[:3]
+    return torch.ones(B, I, J, dtype=torch.bool, device=q.device)
+
+
+def _mini_of3(kernel_backend: str, activation: str) -> Attend:
+    def attend(q, k, v, bias, mask):
+        return triangle_attention(q, k, v, bias, mask, activation=activation, backend=kernel_backend)
+    return attend
+
+
+def _trifast(fn) -> Attend:
+    def attend(q, k, v, bias, mask):
+        # trifast: q, k, v [B, H, I, J, D]; bias [B, H, J, K] in q's dtype; mask [B, I, K] with True = masked out
+        qt, kt, vt = (x.permute(0, 3, 1, 2, 4) for x in (q, k, v))
+        o = fn(qt, kt, vt, bias.to(q.dtype), ~_key_mask(q, mask))          # [B, H, I, J, D]
+        return o.permute(0, 2, 3, 1, 4)
+    return attend
+
+
+def _cueq(fn) -> Attend:
+    def attend(q, k, v, bias, mask):
+        # cuEquivariance: q, k, v [B, I, H, J, D]; bias [B, 1, H, J, K] float32; mask [B, I, 1, 1, K], True = attend
+        qt, kt, vt = (x.permute(0, 1, 3, 2, 4) for x in (q, k, v))
+        o = fn(qt, kt, vt, bias[:, None].float(), mask=_key_mask(q, mask)[:, :, None, None, :])  # [B, I, H, J, D]
+        return o.permute(0, 1, 3, 2, 4)
+    return attend
+
+
+def _of3_triton(fn) -> Attend:
+    def attend(q, k, v, bias, mask):
+        # OpenFold3 0.5's TritonEvoformer: q, k, v [B, I, J, H, D] ("[Batch, N_seq, N_res, Head, Dim]": our layout);
+        # additive mask [B, I, 1, 1, K] and bias [B, 1, H, J, K], both in q's dtype
+        additive = torch.where(_key_mask(q, mask), 0.0, -1e9).to(q.dtype)[:, :, None, None, :]
+        return fn(q, k, v, additive, bias[:, None].to(q.dtype))             # [B, I, J, H, D]
+    return attend
+
+
+def tri_attn_backend(name: str, activation: str = "softmax") -> Attend:
+    """The triangle attention function for ``model.tri_attn_backend`` = ``name`` (imports an anchor now).
+
+    Parameters
+    ----------
+    name : one of auto | mini_of3 | torch | trifast | cueq | of3_triton
+    activation : softmax | sigmoid (sigmoid only with auto, mini_of3 and torch)
+    """
+    if name not in TRI_ATTN_BACKENDS:
+        raise ValueError(f"tri_attn_backend must be one of {TRI_ATTN_BACKENDS}, got {name!r}")
+    if activation not in ("softmax", "sigmoid"):
+        raise ValueError(f"tri_attn_activation must be 'softmax' or 'sigmoid', got {activation!r}")
+    if name in ("auto", "mini_of3", "torch"):
+        return _mini_of3({"auto": "auto", "mini_of3": "triton", "torch": "torch"}[name], activation)
+    if activation != "softmax":
+        raise ValueError(f"tri_attn_backend {name!r} implements softmax attention only, got "
+                         f"tri_attn_activation={activation!r}")
+    fn = import_anchor(name, *_ANCHOR_PACKAGES[name])
+    return {"trifast": _trifast, "cueq": _cueq, "of3_triton": _of3_triton}[name](fn)
+
+
+def pair_bias_attention(name: str) -> Attend:
+    """Softmax attention with pair bias for the single track (AF3 SI Alg 24): the triangle kernel with I = samples.
+
+    Uses our Triton kernel for ``mini_of3`` (and for ``auto`` and the anchors on CUDA) when the head dim is one the
+    kernel supports (16, 32, 64, 128), else the PyTorch reference: AF3's single attention has head dim 24.
+    """
+    if name not in TRI_ATTN_BACKENDS:
+        raise ValueError(f"tri_attn_backend must be one of {TRI_ATTN_BACKENDS}, got {name!r}")
+    preferred = {"mini_of3": "triton", "torch": "torch"}.get(name, "auto")
+
+    def attend(q, k, v, bias, mask):
+        backend = preferred if q.shape[-1] in SUPPORTED_HEAD_DIMS else "torch"
+        return triangle_attention(q, k, v, bias, mask, activation="softmax", backend=backend)
+    return attend

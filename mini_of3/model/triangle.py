@@ -1,0 +1,101 @@
+"""Triangle updates of the pair track: multiplication (AF3 SI Alg 12/13) and attention (Alg 14/15)."""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+from mini_of3.model.tri_attn_backends import tri_attn_backend
+from mini_of3.model.tri_mul_backends import tri_mul_backend
+
+
+class TriangleMultiplication(nn.Module):
+    """Triangle multiplicative update, outgoing edges (AF3 SI Alg 12) or incoming edges (Alg 13).
+
+    z_ij += g_ij * Linear(LayerNorm(sum_k a_ik * b_jk))   (outgoing; incoming sums a_ki * b_kj)
+    with a, b = sigmoid(LinearNoBias(z)) * LinearNoBias(z), masked by the pair mask, and g = sigmoid(LinearNoBias(z)).
+    The module owns the parameters under cuEquivariance's names and calls the backend function with them.
+
+    Parameters
+    ----------
+    c_z : pair channels
+    c_hidden : channels of a and b (AF3: 128)
+    direction : "outgoing" | "incoming"
+    backend : model.tri_mul_backend (auto | torch | cueq | mini_of3)
+    """
+
+    def __init__(self, *, c_z: int, c_hidden: int, direction: Literal["outgoing", "incoming"],
+                 backend: str = "auto") -> None:
+        super().__init__()
+        if direction not in ("outgoing", "incoming"):
+            raise ValueError(f"TriangleMultiplication: direction must be 'outgoing' or 'incoming', got {direction!r}")
+        self.direction = direction
+        self.norm_in = nn.LayerNorm(c_z)
+        self.p_in = nn.Linear(c_z, 2 * c_hidden, bias=False)
+        self.g_in = nn.Linear(c_z, 2 * c_hidden, bias=False)
+        self.norm_out = nn.LayerNorm(c_hidden)
+        self.p_out = nn.Linear(c_hidden, c_z, bias=False)
+        self.g_out = nn.Linear(c_z, c_z, bias=False)
+        self.update = tri_mul_backend(backend)
+
+    def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
+        """z: [B, N, N, c_z], pair_mask: [B, N, N] bool -> update [B, N, N, c_z]."""
+        return self.update(
+            z, pair_mask, direction=self.direction,
+            norm_in_weight=self.norm_in.weight, norm_in_bias=self.norm_in.bias,
+            p_in_weight=self.p_in.weight, g_in_weight=self.g_in.weight,
+            norm_out_weight=self.norm_out.weight, norm_out_bias=self.norm_out.bias,
+            p_out_weight=self.p_out.weight, g_out_weight=self.g_out.weight,
+            eps=self.norm_in.eps,
+        )
+
+
+class TriangleAttention(nn.Module):
+    """Triangle self-attention around the starting node (AF3 SI Alg 14) or the ending node (Alg 15).
+
+    Starting node: o_ij = sum_k softmax_k(q_ij . k_ik / sqrt(c) + b_jk) v_ik (attention along row i).
+    Ending node:   o_ij = sum_k softmax_k(q_ij . k_kj / sqrt(c) + b_ki) v_kj (attention along column j),
+    which is the starting-node attention on the transposed pair: the kernel gets transposed views of q, k, v and
+    the mask (no copies), and the output is transposed back. Gated by g = sigmoid(LinearNoBias(z)).
+
+    Parameters
+    ----------
+    c_z : pair channels
+    n_heads, c_hidden : heads and head dim (AF3: 4 x 32)
+    node : "starting" | "ending"
+    backend : model.tri_attn_backend; activation : model.tri_attn_activation (softmax | sigmoid)
+    """
+
+    def __init__(self, *, c_z: int, n_heads: int, c_hidden: int, node: Literal["starting", "ending"],
+                 backend: str = "auto", activation: str = "softmax") -> None:
+        super().__init__()
+        if node not in ("starting", "ending"):
+            raise ValueError(f"TriangleAttention: node must be 'starting' or 'ending', got {node!r}")
+        self.node, self.n_heads, self.head_dim = node, n_heads, c_hidden
+        self.layer_norm = nn.LayerNorm(c_z)
+        self.linear_q = nn.Linear(c_z, n_heads * c_hidden, bias=False)
+        self.linear_k = nn.Linear(c_z, n_heads * c_hidden, bias=False)
+        self.linear_v = nn.Linear(c_z, n_heads * c_hidden, bias=False)
+        self.linear_b = nn.Linear(c_z, n_heads, bias=False)
+        self.linear_g = nn.Linear(c_z, n_heads * c_hidden, bias=False)
+        self.linear_o = nn.Linear(n_heads * c_hidden, c_z, bias=False)
+        self.attend = tri_attn_backend(backend, activation)
+
+    def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
+        """z: [B, N, N, c_z], pair_mask: [B, N, N] bool (True = both tokens real) -> update [B, N, N, c_z]."""
+        B, N = z.shape[:2]
+        H, D = self.n_heads, self.head_dim
+        z = self.layer_norm(z)
+        q = self.linear_q(z).view(B, N, N, H, D)                 # [B, I, J, H, D]
+        k = self.linear_k(z).view(B, N, N, H, D)
+        v = self.linear_v(z).view(B, N, N, H, D)
+        b = self.linear_b(z)                                     # [B, N, N, H]: b[x, y] = bias from z_xy
+        g = torch.sigmoid(self.linear_g(z))                      # [B, N, N, H * D]
+        if self.node == "starting":
+            o = self.attend(q, k, v, b.permute(0, 3, 1, 2), pair_mask)             # bias[j, k] = b_jk
+        else:
+            o = self.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                            b.permute(0, 3, 2, 1), pair_mask.transpose(1, 2))     # bias[i, k] = b_ki
+            o = o.transpose(1, 2)                                                  # back to [B, I, J, H, D]
+        return self.linear_o(g * o.reshape(B, N, N, H * D))

@@ -1,0 +1,145 @@
+"""Kernel backends inside the model: mini_of3 (Triton; interpreter on CPU) equals torch; adapters map layouts."""
+import importlib.util
+import math
+import os
+
+import pytest
+import torch
+
+import mini_of3.kernels as kernels
+import mini_of3.model.tri_attn_backends as tab
+from mini_of3.config import LossConfig
+from mini_of3.kernels import triangle_attention_ref
+from mini_of3.losses import compute_losses
+from mini_of3.model import build_model
+from mini_of3.model.tri_attn_backends import tri_attn_backend
+from mini_of3.model.tri_mul_backends import tri_mul_backend
+from mini_of3.model.triangle import TriangleAttention
+from structures import as_batch, read_tokens
+from tiny import tiny_config
+
+triton_available = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@pytest.mark.skipif(not triton_available, reason="needs CUDA or TRITON_INTERPRET=1 (set by tests/conftest.py)")
+def test_model_on_mini_of3_kernel_equals_torch_path_forward_and_gradients(monkeypatch):
+    """Tiny model (N = 20, c_z 16, one block, head dims 16): every attention of the trunk and the diffusion
+    module runs on our Triton kernel; outputs, losses and every parameter gradient match the torch path."""
+    calls = []
+    real_kernel = tab.triangle_attention
+
+    def counting(*args, backend, **kwargs):
+        calls.append(backend)
+        return real_kernel(*args, backend=backend, **kwargs)
+
+    monkeypatch.setattr(tab, "triangle_attention", counting)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    batch = {k: v.to(device) for k, v in as_batch(read_tokens("1L2Y")).items()}
+    torch.manual_seed(0)
+    reference = build_model(tiny_config(tri_attn_backend="torch")).to(device)
+    fused = build_model(tiny_config(tri_attn_backend="mini_of3")).to(device)
+    fused.load_state_dict(reference.state_dict())
+    results = []
+    for model in (reference, fused):
+        out = model(batch, n_recycles=1, generator=torch.Generator(device).manual_seed(3))
+        loss, parts = compute_losses(out, batch, LossConfig())
+        loss.backward()
+        results.append((out, parts, {n: p.grad for n, p in model.named_parameters()}))
+    (out_ref, parts_ref, grads_ref), (out_fused, parts_fused, grads_fused) = results
+    half = len(calls) // 2             # torch model first, then the fused one; 2 recycles x 3 + 1 + 3 rollout steps
+    assert set(calls[:half]) == {"torch"} and set(calls[half:]) == {"triton"} and half == 10
+    for key in ("distogram_logits", "diffusion_coords", "plddt_logits", "plddt_coords"):
+        torch.testing.assert_close(out_fused[key], out_ref[key], rtol=1e-4, atol=1e-4, msg=key)
+    for key in parts_ref:
+        torch.testing.assert_close(parts_fused[key], parts_ref[key], rtol=1e-4, atol=1e-5, msg=key)
+    for name, g in grads_ref.items():
+        assert g is not None, name
+        torch.testing.assert_close(grads_fused[name], g, rtol=1e-3, atol=1e-5, msg=name)
+
+
+def test_ending_node_passes_transposed_views_to_the_kernel(monkeypatch):
+    seen = []
+
+    def spy(q, k, v, bias, mask=None, **kwargs):
+        seen.append({"q": (q.stride(), q.is_contiguous(), q._base is not None), "k": k.is_contiguous(),
+                     "v": v.is_contiguous(), "mask": mask.is_contiguous(), "bias": bias.is_contiguous()})
+        return triangle_attention_ref(q, k, v, bias, mask, activation=kwargs.get("activation", "softmax"))
+
+    monkeypatch.setattr(tab, "triangle_attention", spy)
+    B, N, H, D = 1, 6, 2, 16
+    layer = TriangleAttention(c_z=8, n_heads=H, c_hidden=D, node="ending", backend="torch")
+    mask = torch.ones(B, N, N, dtype=torch.bool)
+    layer(torch.randn(B, N, N, 8), mask)
+    (call,) = seen
+    stride, contiguous, is_view = call["q"]
+    assert is_view and not contiguous and stride[1] == H * D and stride[2] == N * H * D   # i and j swapped
+    assert not call["k"] and not call["v"] and not call["mask"] and not call["bias"]
+
+
+def test_auto_is_the_torch_reference_on_cpu():
+    q, k, v = (torch.randn(1, 5, 5, 2, 16) for _ in range(3))
+    bias, mask = torch.randn(1, 2, 5, 5), torch.rand(1, 5, 5) > 0.2
+    expected = triangle_attention_ref(q, k, v, bias, mask)
+    assert torch.equal(tri_attn_backend("auto")(q, k, v, bias, mask), expected)
+    assert torch.equal(tri_attn_backend("torch")(q, k, v, bias, mask), expected)
+
+
+# ---- anchors: layout and mask mapping, checked with stand-ins that follow each anchor's documented convention ----
+
+def fake_trifast(q, k, v, bias, mask):        # q [B, H, I, J, D], bias [B, H, J, K] in q's dtype, mask True = out
+    assert bias.dtype == q.dtype and mask.dtype == torch.bool
+    o = triangle_attention_ref(*(x.permute(0, 2, 3, 1, 4) for x in (q, k, v)), bias, ~mask)
+    return o.permute(0, 3, 1, 2, 4)
+
+
+def fake_cueq(q, k, v, bias, mask=None):      # q [B, I, H, J, D], bias [B, 1, H, J, K] fp32, mask [B, I, 1, 1, K]
+    assert bias.dtype == torch.float32 and mask.shape[2:4] == (1, 1)
+    o = triangle_attention_ref(*(x.permute(0, 1, 3, 2, 4) for x in (q, k, v)), bias[:, 0], mask[:, :, 0, 0])
+    return o.permute(0, 1, 3, 2, 4)
+
+
+def fake_of3(q, k, v, additive_mask, bias):  # q [B, I, J, H, D] (openfold3 0.5, evoformer.py: "[Batch, N_seq, N_res,
+    # Head, Dim]"), additive mask [B, I, 1, 1, K], bias [B, 1, H, J, K]
+    scores = torch.einsum("bijhd,bikhd->bihjk", q, k) / math.sqrt(q.shape[-1]) + bias + additive_mask
+    return torch.einsum("bihjk,bikhd->bijhd", torch.softmax(scores, -1), v)
+
+
+@pytest.mark.parametrize("name,fake", [("trifast", fake_trifast), ("cueq", fake_cueq), ("of3_triton", fake_of3)])
+def test_anchor_adapters_map_layouts_and_masks(monkeypatch, name, fake):
+    monkeypatch.setattr(tab, "import_anchor", lambda *args: fake)
+    torch.manual_seed(0)
+    for node in ("starting", "ending"):
+        ref = TriangleAttention(c_z=8, n_heads=2, c_hidden=16, node=node, backend="torch")
+        anchor = TriangleAttention(c_z=8, n_heads=2, c_hidden=16, node=node, backend=name)
+        anchor.load_state_dict(ref.state_dict())
+        z = torch.randn(2, 6, 6, 8)
+        token = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+        pair = token[:, :, None] & token[:, None, :]
+        real = pair[..., None].expand(2, 6, 6, 8)
+        torch.testing.assert_close(anchor(z, pair)[real], ref(z, pair)[real], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,package", [("trifast", "trifast"), ("cueq", "cuequivariance_torch"),
+                                          ("of3_triton", "openfold3")])
+def test_missing_anchor_raises_naming_the_package(name, package):
+    if importlib.util.find_spec(package) is not None:
+        pytest.skip(f"{package} is installed here")
+    with pytest.raises(ImportError, match=package):
+        build_model(tiny_config(tri_attn_backend=name))
+
+
+def test_backend_argument_errors():
+    with pytest.raises(ValueError, match="tri_attn_backend"):
+        tri_attn_backend("flash")
+    with pytest.raises(ValueError, match="softmax"):
+        tri_attn_backend("trifast", "sigmoid")
+    with pytest.raises(ValueError, match="tri_mul_backend"):
+        tri_mul_backend("fused")
+    if importlib.util.find_spec("cuequivariance_torch") is None:
+        with pytest.raises(ImportError, match="cuequivariance_torch"):
+            build_model(tiny_config(tri_mul_backend="cueq"))
+    if not hasattr(kernels, "triangle_multiplication"):
+        with pytest.raises(NotImplementedError, match="triangle_multiplication"):
+            tri_mul_backend("mini_of3")
+    assert build_model(tiny_config(tri_mul_backend="auto")).pairformer.blocks[0].tri_mul_out.update \
+        is tri_mul_backend("torch")
