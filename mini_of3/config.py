@@ -10,6 +10,7 @@ The key names used by scripts and docs (DESIGN.md, Training) are fixed: ``seed``
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -68,9 +69,11 @@ class ModelConfig:
     diffusion_heads: int = 8
     c_token: int = 256                       # diffusion transformer width
     sigma_data: float = 16.0
-    diffusion_samples: int = 8               # noise levels / augmentations per structure per step (AF3: 48)
+    diffusion_samples: int = 48              # noise levels / augmentations per structure per step, as AF3 (with 8, a
+                                             # model overfit on 1L2Y denoised sigma >= 160 A to 4.5 A RMSD, with 32 to 1)
     sampling_steps: int = 50
-    plddt_rollout_steps: int = 10            # gradient-free mini-rollout whose sample trains the pLDDT head (AF3: 20)
+    plddt_rollout_steps: int = 20            # gradient-free mini-rollout whose sample trains the pLDDT head, as AF3
+                                             # (10 steps sample visibly worse structures than 20 or more)
 
 
 @dataclass
@@ -85,6 +88,8 @@ class LossConfig:
 
 @dataclass
 class OptimConfig:
+    """AdamW with AF3's schedule (SI 5.4): linear warm-up to ``lr`` over ``warmup_steps``, then x ``decay_factor``
+    every ``decay_every`` steps; gradients clipped to norm ``grad_clip`` (0 = no clipping); EMA of the weights."""
     lr: float = 1.8e-3                       # AF3 SI 5.4
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
@@ -93,19 +98,21 @@ class OptimConfig:
     decay_every: int = 50_000
     decay_factor: float = 0.95
     grad_clip: float = 10.0
-    ema_decay: float = 0.999
+    ema_decay: float = 0.999                 # reached after a warm-up: min(ema_decay, (1 + n) / (10 + n)) at update n
 
 
 @dataclass
 class TrainerConfig:
+    """The loop: steps, run folder, resume, checkpoints, validation, precision (trainer.py)."""
     max_steps: int = 200
     out_dir: str = "runs/default"
-    resume: str = "auto"                     # auto | never | PATH
+    resume: str = "auto"                     # auto | never | PATH (a run folder or one checkpoint folder)
     checkpoint_every: int = 50
-    keep_last: int = 2
+    keep_last: int = 2                       # complete checkpoints kept, plus the best by validation lDDT
     val_every: int = 50
-    val_samples: int = 1
-    log_every: int = 1
+    val_samples: int = 1                     # structures sampled per validation entry; the top by pLDDT is scored
+    val_sampling_steps: int | None = None    # EDM steps when validating; None: model.sampling_steps
+    log_every: int = 1                       # wandb and the progress bar (log.jsonl gets every step)
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     grad_accum: int = 1
     compile: bool = False
@@ -191,7 +198,9 @@ def _set(node: Any, dotted: str, value: Any, full_key: str) -> None:
     head, _, rest = dotted.partition(".")
     names = {f.name for f in dataclasses.fields(node)}
     if head not in names:
-        raise ConfigError(f"unknown config key {full_key!r} (known here: {', '.join(sorted(names))})")
+        close = difflib.get_close_matches(head, names, n=1)
+        hint = f"did you mean {full_key[: len(full_key) - len(dotted)] + close[0]!r}? " if close else ""
+        raise ConfigError(f"unknown config key {full_key!r} ({hint}known here: {', '.join(sorted(names))})")
     hints = get_type_hints(type(node))
     current = getattr(node, head)
     if dataclasses.is_dataclass(current):
@@ -208,29 +217,52 @@ def _set(node: Any, dotted: str, value: Any, full_key: str) -> None:
     setattr(node, head, _coerce(value, hints[head], full_key))
 
 
+def _check(ok: bool, key: str, value: Any, expected: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: got {value!r}, expected {expected}")
+
+
 def _validate(cfg: Config) -> None:
-    checks = [
-        (cfg.data.crop_size >= 1, "data.crop_size must be >= 1"),
-        (len(cfg.data.crop_weights) == 3 and all(w >= 0 for w in cfg.data.crop_weights)
-         and sum(cfg.data.crop_weights) > 0, "data.crop_weights must be three non-negative numbers, not all zero"),
-        (cfg.data.batch_size >= 1, "data.batch_size must be >= 1"),
-        (cfg.data.num_workers >= 0, "data.num_workers must be >= 0"),
-        (cfg.model.n_blocks >= 1, "model.n_blocks must be >= 1"),
-        (cfg.model.c_s >= 1 and cfg.model.c_z >= 1, "model.c_s and model.c_z must be >= 1"),
-        (cfg.model.n_recycles >= 0, "model.n_recycles must be >= 0"),
-        (cfg.model.c_hidden_tri in (16, 32, 64, 128), "model.c_hidden_tri must be one of 16, 32, 64, 128"),
-        (0.0 <= cfg.model.pair_dropout < 1.0, "model.pair_dropout must be in [0, 1)"),
-        (cfg.optim.lr > 0, "optim.lr must be > 0"),
-        (0.0 <= cfg.optim.ema_decay < 1.0, "optim.ema_decay must be in [0, 1)"),
-        (cfg.trainer.max_steps >= 0, "trainer.max_steps must be >= 0"),
-        (cfg.trainer.checkpoint_every >= 1, "trainer.checkpoint_every must be >= 1"),
-        (cfg.trainer.val_every >= 1, "trainer.val_every must be >= 1"),
-        (cfg.trainer.grad_accum >= 1, "trainer.grad_accum must be >= 1"),
-        (cfg.trainer.keep_last >= 1, "trainer.keep_last must be >= 1"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
+    """Check the values of every section; the first bad one raises ConfigError naming the key and the value."""
+    d, m, o, t = cfg.data, cfg.model, cfg.optim, cfg.trainer
+    _check(d.crop_size >= 1, "data.crop_size", d.crop_size, ">= 1")
+    _check(len(d.crop_weights) == 3 and all(w >= 0 for w in d.crop_weights) and sum(d.crop_weights) > 0,
+           "data.crop_weights", d.crop_weights, "three non-negative numbers, not all zero")
+    _check(d.batch_size >= 1, "data.batch_size", d.batch_size, ">= 1")
+    _check(d.num_workers >= 0, "data.num_workers", d.num_workers, ">= 0")
+    _check(d.samples_per_epoch is None or d.samples_per_epoch >= 1, "data.samples_per_epoch", d.samples_per_epoch,
+           ">= 1 or null")
+    _check(m.n_blocks >= 1, "model.n_blocks", m.n_blocks, ">= 1")
+    _check(m.c_s >= 1, "model.c_s", m.c_s, ">= 1")
+    _check(m.c_z >= 1, "model.c_z", m.c_z, ">= 1")
+    _check(m.n_recycles >= 0, "model.n_recycles", m.n_recycles, ">= 0")
+    _check(m.c_hidden_tri in (16, 32, 64, 128), "model.c_hidden_tri", m.c_hidden_tri, "one of 16, 32, 64, 128")
+    _check(0.0 <= m.pair_dropout < 1.0, "model.pair_dropout", m.pair_dropout, "a number in [0, 1)")
+    _check(m.sampling_steps >= 1, "model.sampling_steps", m.sampling_steps, ">= 1")
+    _check(o.lr > 0, "optim.lr", o.lr, "> 0")
+    _check(len(o.betas) == 2 and all(0.0 <= b < 1.0 for b in o.betas), "optim.betas", o.betas,
+           "two numbers in [0, 1)")
+    _check(o.eps > 0, "optim.eps", o.eps, "> 0")
+    _check(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, ">= 0")
+    _check(o.warmup_steps >= 0, "optim.warmup_steps", o.warmup_steps, ">= 0")
+    _check(o.decay_every >= 1, "optim.decay_every", o.decay_every, ">= 1")
+    _check(0.0 < o.decay_factor <= 1.0, "optim.decay_factor", o.decay_factor, "a number in (0, 1]")
+    _check(o.grad_clip >= 0, "optim.grad_clip", o.grad_clip, ">= 0 (0: no clipping)")
+    _check(0.0 <= o.ema_decay < 1.0, "optim.ema_decay", o.ema_decay, "a number in [0, 1)")
+    _check(t.max_steps >= 0, "trainer.max_steps", t.max_steps, ">= 0")
+    _check(bool(t.out_dir.strip()), "trainer.out_dir", t.out_dir, "a folder name")
+    _check(t.resume in ("auto", "never") or Path(t.resume).is_dir(), "trainer.resume", t.resume,
+           "auto, never, or an existing run folder or checkpoint folder")
+    _check(t.checkpoint_every >= 1, "trainer.checkpoint_every", t.checkpoint_every, ">= 1")
+    _check(t.keep_last >= 1, "trainer.keep_last", t.keep_last, ">= 1")
+    _check(t.val_every >= 1, "trainer.val_every", t.val_every, ">= 1")
+    _check(t.val_samples >= 1, "trainer.val_samples", t.val_samples, ">= 1")
+    _check(t.val_sampling_steps is None or t.val_sampling_steps >= 1, "trainer.val_sampling_steps",
+           t.val_sampling_steps, ">= 1 or null")
+    _check(t.log_every >= 1, "trainer.log_every", t.log_every, ">= 1")
+    _check(t.grad_accum >= 1, "trainer.grad_accum", t.grad_accum, ">= 1")
+    _check(t.max_nonfinite >= 1, "trainer.max_nonfinite", t.max_nonfinite, ">= 1")
+    _check(t.stall_timeout_s > 0, "trainer.stall_timeout_s", t.stall_timeout_s, "> 0 seconds")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -271,6 +303,14 @@ def config_from_dict(values: dict) -> Config:
         _set(cfg, key, value, key)
     _validate(cfg)
     return cfg
+
+
+def section_from_dict(name: str, values: dict) -> Any:
+    """One section (``"model"``, ``"data"`` ...) of a saved config dict, its keys and types checked: what a tool that
+    needs only that section (e.g. ``predict`` reading a checkpoint's ``config.yaml``) reads."""
+    cfg = Config()
+    _set(cfg, name, values, name)
+    return getattr(cfg, name)
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

@@ -1,0 +1,256 @@
+"""Predict structures with a trained checkpoint:
+
+    python -m mini_of3.predict CHECKPOINT INPUT [--out DIR] [--recycles R] [--steps S] [--samples K] [--seed X]
+                               [--device cpu|cuda]
+
+CHECKPOINT is a run folder (its best checkpoint by validation lDDT, else its latest) or one checkpoint folder; the
+EMA weights are used. INPUT is an mmCIF file (``.cif``, ``.cif.gz``, ``.mmcif``) or a FASTA file (one chain per
+record; identical sequences form one entity). K structures are sampled and ranked by mean pLDDT; each is written as
+``DIR/<name>_rank<k>.cif`` (one CA atom per residue, pLDDT in the B-factors; DIR defaults to the ``predictions``
+folder of the checkpoint's run). For an mmCIF input the deposited
+structure is the truth: lDDT-Calpha, RMSD and TM-score of every sample are printed.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import gemmi
+import numpy as np
+import torch
+import yaml
+
+from .config import ConfigError, ModelConfig, section_from_dict
+from .data import MmcifError, load_mmcif, token_features
+from .data.residue_constants import ONE_TO_INDEX, RESTYPES, THREE_TO_ONE, UNK
+from .metrics import structure_metrics
+from .model import MiniOF3, build_model
+from .training.checkpoint import read_state, resolve_checkpoint
+
+MMCIF_SUFFIXES = (".cif", ".cif.gz", ".mmcif", ".mmcif.gz")
+ONE_TO_THREE = {one: three for three, one in THREE_TO_ONE.items()}
+CHAIN_NAMES = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+
+@dataclass
+class Query:
+    """What to predict: per-token features ``[N]`` (and the truth for an mmCIF input) plus chain names."""
+    name: str
+    features: dict[str, np.ndarray]
+    chain_names: list[str]
+    has_truth: bool
+
+
+def read_fasta(path: Path) -> list[tuple[str, str]]:
+    """``[(header, sequence)]`` of a FASTA file; raises ValueError naming the file and the bad record."""
+    records: list[tuple[str, list[str]]] = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith(";"):
+            continue
+        if line.startswith(">"):
+            records.append((line[1:].strip(), []))
+        elif not records:
+            raise ValueError(f"{path}: line {number} comes before the first '>' header; not a FASTA file?")
+        else:
+            records[-1][1].append(line.replace(" ", ""))
+    out = []
+    for header, lines in records:
+        sequence = "".join(lines).upper().rstrip("*")
+        if not sequence:
+            raise ValueError(f"{path}: record {header!r} has no sequence")
+        bad = sorted({c for c in sequence if not c.isalpha()})
+        if bad:
+            raise ValueError(f"{path}: record {header!r} has characters {''.join(bad)!r} that are not residues")
+        out.append((header, sequence))
+    if not out:
+        raise ValueError(f"{path}: no FASTA record (a record starts with a '>' header line)")
+    return out
+
+
+def fasta_query(path: Path) -> Query:
+    """Features of the chains of a FASTA file: one chain per record, identical sequences share an entity."""
+    records = read_fasta(path)
+    if len(records) > len(CHAIN_NAMES):
+        raise ValueError(f"{path}: {len(records)} records; at most {len(CHAIN_NAMES)} chains are supported")
+    entities: dict[str, int] = {}
+    copies: dict[int, int] = {}
+    columns: dict[str, list] = {k: [] for k in ("restype", "residue_index", "asym_id", "entity_id", "sym_id")}
+    for asym, (_, sequence) in enumerate(records):
+        entity = entities.setdefault(sequence, len(entities))
+        sym = copies.get(entity, 0)
+        copies[entity] = sym + 1
+        n = len(sequence)
+        columns["restype"] += [ONE_TO_INDEX.get(c, UNK) for c in sequence]
+        columns["residue_index"] += range(1, n + 1)
+        columns["asym_id"] += [asym] * n
+        columns["entity_id"] += [entity] * n
+        columns["sym_id"] += [sym] * n
+    features = {k: np.asarray(v, dtype=np.int64) for k, v in columns.items()}
+    n = len(features["restype"])
+    features.update(token_mask=np.ones(n, bool), resolved=np.zeros(n, bool), cb_resolved=np.zeros(n, bool),
+                    ca=np.zeros((n, 3), np.float32), cb=np.zeros((n, 3), np.float32))
+    return Query(path.name.split(".")[0], features, list(CHAIN_NAMES[: len(records)]), has_truth=False)
+
+
+def mmcif_query(path: Path) -> Query:
+    """Features of every token of an mmCIF entry (parsed and cleaned as for training), with its coordinates."""
+    structure = load_mmcif(path)
+    features = token_features(structure, np.arange(structure.n_tokens))
+    return Query(structure.pdb_id or path.name.split(".")[0], features, list(structure.chain_ids), has_truth=True)
+
+
+def read_query(path: str | Path) -> Query:
+    """An mmCIF or FASTA input, told apart by suffix, else by a leading '>'."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such input file")
+    if path.name.lower().endswith(MMCIF_SUFFIXES):
+        return mmcif_query(path)
+    return fasta_query(path)
+
+
+def load_model(checkpoint: str | Path, device: torch.device) -> tuple[MiniOF3, Path, dict]:
+    """The model of a checkpoint (run folder: best, else latest) with its EMA weights, in eval mode.
+
+    Returns (model, checkpoint folder, trainer state)."""
+    from safetensors.torch import load_file
+
+    folder = resolve_checkpoint(checkpoint, prefer="best")
+    saved = yaml.safe_load((folder / "config.yaml").read_text()) or {}
+    cfg: ModelConfig = section_from_dict("model", saved.get("model", {}))
+    model = build_model(cfg)
+    model.load_state_dict(load_file(folder / "model.safetensors"), strict=True)
+    ema = folder / "ema.safetensors"
+    if ema.is_file():
+        missing, unexpected = model.load_state_dict(load_file(ema), strict=False)
+        buffers = {name for name, _ in model.named_buffers()}
+        if unexpected or set(missing) - buffers:
+            raise ValueError(f"{ema}: does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return model.to(device).eval(), folder, read_state(folder)
+
+
+def to_batch(features: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(np.ascontiguousarray(v))[None].to(device) for k, v in features.items()}
+
+
+def write_mmcif(path: Path, name: str, features: dict[str, np.ndarray], chain_names: list[str], coords: np.ndarray,
+                plddt: np.ndarray) -> None:
+    """One CA atom per token at ``coords [N, 3]`` with ``plddt [N]`` as B-factor, as an mmCIF file (gemmi), with
+    one entity per distinct chain sequence (``entity_id``) and its full sequence."""
+    structure = gemmi.Structure()
+    structure.name = name
+    model = gemmi.Model("1")
+    sequences: dict[int, list[str]] = {}
+    subchains: dict[int, list[str]] = {}
+    for asym, chain_name in enumerate(chain_names):
+        chain = gemmi.Chain(chain_name)
+        tokens = np.flatnonzero(features["asym_id"] == asym)
+        entity = int(features["entity_id"][tokens[0]])
+        subchains.setdefault(entity, []).append(chain_name)
+        names = []
+        for i in tokens:
+            restype = int(features["restype"][i])
+            names.append(ONE_TO_THREE[RESTYPES[restype]] if restype < len(RESTYPES) else "UNK")
+            residue = gemmi.Residue()
+            residue.name, residue.subchain = names[-1], chain_name
+            residue.seqid = gemmi.SeqId(int(features["residue_index"][i]), " ")
+            residue.label_seq = int(features["residue_index"][i])
+            residue.entity_id, residue.entity_type = str(entity + 1), gemmi.EntityType.Polymer
+            atom = gemmi.Atom()
+            atom.name, atom.element = "CA", gemmi.Element("C")
+            atom.pos = gemmi.Position(*map(float, coords[i]))
+            atom.occ, atom.b_iso = 1.0, float(plddt[i])
+            residue.add_atom(atom)
+            chain.add_residue(residue)
+        sequences.setdefault(entity, names)
+        model.add_chain(chain)
+    structure.add_model(model)
+    for entity, names in sorted(sequences.items()):
+        record = gemmi.Entity(str(entity + 1))
+        record.entity_type, record.polymer_type = gemmi.EntityType.Polymer, gemmi.PolymerType.PeptideL
+        record.subchains, record.full_sequence = subchains[entity], names
+        structure.entities.append(record)
+    groups = gemmi.MmcifOutputGroups(True, cell=False, symmetry=False)
+    structure.make_mmcif_document(groups).write_file(str(path))
+
+
+def predict(checkpoint: str | Path, input_path: str | Path, out: str | Path | None = None, *,
+            recycles: int | None = None, steps: int | None = None, samples: int = 5, seed: int = 0,
+            device: str | None = None) -> list[dict]:
+    """Sample, rank by mean pLDDT, write the mmCIF files and score them; returns one row per sample, best first
+    (rank, sample, plddt, file, and lddt_ca, rmsd, tm_score ... when the input holds the true structure)."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model, folder, state = load_model(checkpoint, dev)
+    query = read_query(input_path)
+    batch = to_batch(query.features, dev)
+    recycles = model.cfg.n_recycles if recycles is None else recycles
+    steps = model.cfg.sampling_steps if steps is None else steps
+    generator = torch.Generator(device=dev).manual_seed(seed)
+    with torch.no_grad():
+        result = model.sample(batch, n_recycles=recycles, steps=steps, samples=samples, generator=generator)
+    coords = result["coords"][0].float().cpu()                                 # [K, N, 3]
+    plddt = result["plddt"][0].float().cpu()                                   # [K, N]
+    order = torch.argsort(plddt.mean(-1), descending=True).tolist()
+    out = Path(out) if out is not None else folder.parent.parent / "predictions"     # <run>/predictions
+    out.mkdir(parents=True, exist_ok=True)
+    n_chains = len(query.chain_names)
+    print(f"checkpoint {folder} (step {state.get('step')}, EMA weights); {query.name}: {n_chains} chain(s), "
+          f"{len(query.features['restype'])} residues; {samples} samples, {steps} steps, {recycles} recycles")
+    rows = []
+    for rank, k in enumerate(order, 1):
+        path = out / f"{query.name}_rank{rank}.cif"
+        write_mmcif(path, query.name, query.features, query.chain_names, coords[k].numpy(), plddt[k].numpy())
+        row = {"rank": rank, "sample": k, "plddt": float(plddt[k].mean()), "file": str(path)}
+        if query.has_truth:
+            f = {key: torch.from_numpy(v) for key, v in query.features.items()}
+            row.update(structure_metrics(coords[k], f["ca"], f["resolved"], f["asym_id"], f["entity_id"],
+                                         f["sym_id"], distogram_logits=result["distogram_logits"][0].float().cpu(),
+                                         true_cb=f["cb"]))
+        rows.append(row)
+    print(format_table(rows))
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """The ranked samples as an aligned text table."""
+    columns = [("rank", "rank", "d"), ("sample", "sample", "d"), ("pLDDT", "plddt", ".1f")]
+    if "lddt_ca" in rows[0]:
+        columns += [("lDDT-Ca", "lddt_ca", ".3f"), ("RMSD(A)", "rmsd", ".2f"), ("TM-score", "tm_score", ".3f")]
+    columns.append(("file", "file", "s"))
+    lines = ["  ".join(f"{title:>8}" if fmt != "s" else title for title, _, fmt in columns)]
+    for row in rows:
+        lines.append("  ".join(f"{format(row[key], fmt):>8}" if fmt != "s" else row[key] for _, key, fmt in columns))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mini_of3.predict", description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", help="a run folder (its best, else latest, checkpoint) or a checkpoint folder")
+    parser.add_argument("input", help="an mmCIF file (scored against its structure) or a FASTA file")
+    parser.add_argument("--out", default=None, help="output folder (default: the run folder's predictions/)")
+    parser.add_argument("--recycles", type=int, default=None, help="trunk recycles (default: model.n_recycles)")
+    parser.add_argument("--steps", type=int, default=None, help="diffusion steps (default: model.sampling_steps)")
+    parser.add_argument("--samples", type=int, default=5, help="structures to sample (default: 5)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampler (default: 0)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    args = parser.parse_args(argv)
+    for name in ("recycles", "steps", "samples"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "recycles" else 1):
+            parser.error(f"--{name} must be >= {0 if name == 'recycles' else 1}, got {value}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    try:
+        predict(args.checkpoint, args.input, args.out, recycles=args.recycles, steps=args.steps,
+                samples=args.samples, seed=args.seed, device=args.device)
+    except (FileNotFoundError, ValueError, MmcifError, ConfigError) as err:
+        print(f"predict: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

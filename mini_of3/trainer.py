@@ -1,0 +1,407 @@
+"""The training loop behind ``accelerate launch train.py`` (DESIGN.md, Training).
+
+One :class:`Trainer` per process. accelerate does the distribution (DDP, or FSDP2 with
+``configs/accelerate/fsdp.yaml``), mixed precision and gradient accumulation. Each rank reads its own shard of the
+data (``EpochSampler``), draws the same recycle count (a function of seed and step), and reduces its losses,
+validation metrics and stop requests with the others; the main process alone prints, logs (log.jsonl, wandb,
+plots) and writes the shared checkpoint files.
+
+Exact resume: a checkpoint holds the weights, AdamW, the schedule, the EMA, every rank's RNG states, the step and
+the data position (sampler epoch, examples this rank consumed in it). Every step also reseeds torch's global
+generator (dropout) and draws its diffusion noise from generators seeded by (seed, step, rank), so a resumed run
+repeats the uninterrupted one bitwise on the same number of processes; on another number it continues from the same
+step and data position (not bitwise: the shards differ).
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedType, InitProcessGroupKwargs, broadcast_object_list, set_seed
+from tqdm import tqdm
+
+from .config import Config, ConfigError, config_to_dict, save_config
+from .data import build_dataloaders, collate, prepare_data
+from .losses import compute_losses
+from .model import build_model
+from .training import checkpoint as ckpt
+from .training.ema import EMA
+from .training.optim import build_optimizer, derived_seed, recycles_for_step
+from .training.plots import plot_run
+from .training.runlog import RunLog, Watchdog, json_safe
+from .training.signals import Interrupted, StopRequest
+from .training.validation import means, validation_sums
+
+PARTS = ("distogram", "diffusion", "smooth_lddt", "plddt")
+
+
+class TrainingError(RuntimeError):
+    """A run that cannot start or go on; the message is one clear line (train.py prints it, exit status 1)."""
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    step: int
+    first_val: dict | None          # validation at the first step of the run (step 0: the untrained model)
+    last_val: dict | None
+    stopped_by: str | None          # "SIGINT" / "SIGTERM" when a signal ended the run early
+    wall_s: float
+
+
+def train(cfg: Config) -> TrainResult:
+    """Train as ``cfg`` says (resuming when ``cfg.trainer.resume`` says so) and return a summary."""
+    return Trainer(cfg).fit()
+
+
+class Trainer:
+    """Builds everything for one process in ``__init__`` (data, model, optimizer, resume), trains in :meth:`fit`."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg, t = cfg, cfg.trainer
+        # several processes and no GPU: gloo on the CPU (accelerate would otherwise run N unaware copies)
+        cpu_group = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
+        self.acc = Accelerator(mixed_precision=t.mixed_precision, gradient_accumulation_steps=t.grad_accum,
+                               cpu=cpu_group, step_scheduler_with_optimizer=False,
+                               kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=t.stall_timeout_s))])
+        if self.acc.distributed_type == DistributedType.FSDP and not self.acc.is_fsdp2:
+            raise TrainingError("FSDP needs fsdp_version: 2 in the accelerate config (configs/accelerate/fsdp.yaml)")
+        self.rank, self.world, self.main = self.acc.process_index, self.acc.num_processes, self.acc.is_main_process
+        self.out = Path(t.out_dir)
+        self.watchdog = Watchdog(t.stall_timeout_s, self.rank)   # started by fit(); set-up waits use the group timeout
+        self.resume_from = self._find_resume()
+        set_seed(cfg.seed)                                   # the same initial weights on every rank
+        self.model, self.optimizer, self.scheduler = self._build_model()    # first: a bad model.* fails fast
+        self.loaders = self._build_data()
+        self.plain = self.acc.unwrap_model(self.model, keep_torch_compile=False)
+        if self.acc.is_fsdp2:                                # validation calls sample(), not forward(): FSDP2 must
+            from torch.distributed.fsdp import register_fsdp_forward_method     # gather the shards for it as well
+            register_fsdp_forward_method(self.plain, "sample")
+        self.ema = EMA(self.plain, cfg.optim.ema_decay)
+        self.step, self.epoch, self.consumed = 0, 0, 0       # data position: sampler epoch, examples this rank used
+        self.nonfinite_total, self.nonfinite_in_row = 0, 0
+        self.best: dict | None = None                        # {"step", "lddt_ca"} of the best validation
+        self.first_val: dict | None = None
+        self.last_val: dict | None = None
+        self.wandb_id: str | None = None
+        if self.resume_from is not None:
+            self._load(self.resume_from)
+        self.loaders.train_sampler.set_epoch(self.epoch, self.consumed)
+        self._iterator = None
+        self.stop = StopRequest(announce=self.main)
+        if t.compile:
+            self.model = self._compile(self.model)
+
+    # ---- set-up -----------------------------------------------------------------------------------------------
+
+    def say(self, message: str) -> None:
+        """A line on the main process's stdout (above the progress bar)."""
+        if self.main:
+            tqdm.write(message, file=sys.stdout)
+
+    def _find_resume(self) -> Path | None:
+        """The checkpoint to start from, per ``trainer.resume`` (auto | never | PATH)."""
+        resume = self.cfg.trainer.resume
+        if self.main:
+            for path in ckpt.clean_partial(self.out):
+                self.say(f"removed {path} (a run stopped while writing or deleting it)")
+        found = ckpt.list_checkpoints(self.out)
+        if resume == "never":
+            if found:
+                raise TrainingError(f"trainer.resume=never but {self.out} already holds checkpoints (latest "
+                                    f"{found[-1].path.name}); choose another trainer.out_dir, or trainer.resume=auto")
+            return None
+        if resume == "auto":
+            return found[-1].path if found else None
+        try:
+            return ckpt.resolve_checkpoint(resume, prefer="latest")
+        except FileNotFoundError as err:
+            raise TrainingError(f"trainer.resume={resume}: {err}") from None
+
+    def _build_data(self):
+        """Prepare data.root on the main process (the others wait), then this rank's loaders."""
+        cfg = self.cfg
+        result: list = [None, None]                          # [prepared folder, error message]
+        if self.main:
+            try:
+                result[0] = str(prepare_data(cfg.data, progress=True))
+            except (OSError, ValueError, RuntimeError) as err:
+                result[1] = f"data.root={cfg.data.root}: {err}"
+        if self.world > 1:
+            broadcast_object_list(result)
+        if result[1] is not None:
+            raise TrainingError(result[1])
+        try:
+            return build_dataloaders(cfg.data, result[0], cfg.seed, rank=self.rank, world_size=self.world)
+        except ValueError as err:
+            raise TrainingError(str(err)) from None
+
+    def _build_model(self):
+        try:
+            model = build_model(self.cfg.model)
+        except ValueError as err:                            # a bad combination of model.* values
+            raise ConfigError(str(err)) from None
+        optimizer, scheduler = build_optimizer(model, self.cfg.optim)
+        return self.acc.prepare(model, optimizer, scheduler)
+
+    def _compile(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``torch.compile`` the model and run one forward and backward on a real example; on any failure, warn
+        and train without compiling. Later failures of single functions fall back to eager (suppress_errors)."""
+        import torch._dynamo
+        torch._dynamo.config.suppress_errors = True
+        example = self._to_device(collate([self.loaders.train.dataset[(0, 0)]]))
+        try:
+            compiled = torch.compile(model, dynamic=False)  # n_recycles specialises: one graph per count
+            with torch.random.fork_rng(devices=[]):
+                outputs = compiled(example, n_recycles=0, generator=self._generator(2, 0, 0))
+                self.acc.backward(compute_losses(outputs, example, self.cfg.loss)[0])
+            self.optimizer.zero_grad(set_to_none=True)
+            self.say("trainer.compile: the model is compiled")
+            return compiled
+        except Exception as err:                             # noqa: BLE001 - any compiler failure means eager
+            self.optimizer.zero_grad(set_to_none=True)
+            torch._dynamo.reset()
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            warnings.warn(f"trainer.compile=true: torch.compile failed ({type(err).__name__}: {first}); "
+                          f"training without compiling")
+            return model
+
+    def _load(self, folder: Path) -> None:
+        """Restore the training state of a checkpoint, and the step and data position to continue from."""
+        try:
+            state = ckpt.load_training_state(folder, model=self.plain, optimizer=self.optimizer.optimizer,
+                                             scheduler=self.scheduler, ema=self.ema, rank=self.rank)
+        except ValueError as err:
+            raise TrainingError(str(err)) from None
+        self.step, self.epoch, self.consumed = state["step"], state["epoch"], state["consumed"]
+        note = ""
+        if state["world_size"] != self.world:                # the same global position, new shards: not bitwise
+            self.consumed = self.consumed * state["world_size"] // self.world
+            note = f"; saved by {state['world_size']} processes, now {self.world}: same step and data position"
+        self.nonfinite_total, self.nonfinite_in_row = state["nonfinite_total"], state["nonfinite_in_row"]
+        self.best, self.wandb_id = state.get("best"), state.get("wandb_id")
+        self.first_val, self.last_val = state.get("first_val"), state.get("last_val")
+        self.say(f"resuming from {folder} (step {self.step}, epoch {self.epoch}, example {self.consumed}){note}")
+
+    # ---- the loop -----------------------------------------------------------------------------------------------
+
+    def fit(self) -> TrainResult:
+        """Train to ``trainer.max_steps``: validate at the start, every ``val_every`` steps and at the end;
+        checkpoint every ``checkpoint_every`` steps, at a new best, at the end and on SIGINT/SIGTERM."""
+        t, started = self.cfg.trainer, time.perf_counter()
+        if self.main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            save_config(self.cfg, self.out / "config.yaml")
+        self.log = RunLog(self.out, enabled=self.main,
+                          resume_step=self.step if self.resume_from is not None else None)
+        if self.cfg.wandb:
+            self.wandb_id = self.log.start_wandb(self.cfg.wandb_project, config_to_dict(self.cfg), self.wandb_id)
+        self._announce()
+        bar = tqdm(total=t.max_steps, initial=self.step, disable=not self.main, desc="train", unit="step",
+                   dynamic_ncols=True, mininterval=1.0)
+        with self.stop:
+            try:
+                self.watchdog.start()
+                self._loop(bar)
+            finally:
+                bar.close()
+                self.watchdog.stop()
+                self.log.close()
+        wall = time.perf_counter() - started
+        if self.main:
+            plot_run(self.log.rows, self.out, title=self.out.name)
+        self._farewell(wall)
+        return TrainResult(self.out, self.step, self.first_val, self.last_val, self.stop.signal, wall)
+
+    def _loop(self, bar: tqdm) -> None:
+        t = self.cfg.trainer
+        if self.step == 0 and self.resume_from is None:
+            self._validate()                                 # the untrained model, for comparison
+        while self.step < t.max_steps:
+            if not self._step_or_stop():
+                return
+            bar.update(1)
+            if self.main and self.step % t.log_every == 0:
+                bar.set_postfix(loss=self.log.rows[-1]["loss"], lr=f"{self.log.rows[-1]['lr']:.2e}", refresh=False)
+            if self.stop.signal is not None:
+                self._save()
+                return
+            val = self._validate() if self.step % t.val_every == 0 or self.step == t.max_steps else None
+            improved = val is not None and self.best is not None and self.best["step"] == self.step
+            if self.step % t.checkpoint_every == 0 or self.step == t.max_steps or improved:
+                self._save(val)
+
+    def _step_or_stop(self) -> bool:
+        """One training step; False when a signal cut it short (the state from before it is then saved)."""
+        position = (self.epoch, self.consumed)
+        try:
+            self._train_step()
+            return True
+        except Interrupted:
+            self.epoch, self.consumed = position             # the abandoned step's batch comes again on resume
+            self.optimizer.zero_grad(set_to_none=True)
+            self._save()
+            return False
+
+    def _generator(self, purpose: int, step: int, index: int) -> torch.Generator:
+        """The diffusion noise generator of this rank for ``purpose`` (0 training, 1 validation, 2 compile probe) at
+        ``step``, micro-batch or validation batch ``index``: a function of these and the seed only."""
+        seed = derived_seed(self.cfg.seed, purpose, step, self.rank, index)
+        return torch.Generator(device=self.acc.device).manual_seed(seed)
+
+    def _train_step(self) -> None:
+        """Forward, backward (accumulated over ``grad_accum`` micro-batches), reduce, clip, update, log."""
+        cfg, t = self.cfg, self.cfg.trainer
+        started, step = time.perf_counter(), self.step
+        ckpt.fault_point("step", step + 1)
+        recycles = recycles_for_step(cfg.seed, step, cfg.model.n_recycles)
+        torch.manual_seed(derived_seed(cfg.seed, 3, step, self.rank))      # dropout: a function of (seed, step, rank)
+        self.model.train()
+        self.watchdog.beat(f"training step {step + 1}")
+        sums, data_s = torch.zeros(1 + len(PARTS), dtype=torch.float64), 0.0
+        with self.stop.abortable(self.world == 1):          # several ranks must stop together, at the boundary
+            for micro in range(t.grad_accum):
+                tick = time.perf_counter()
+                batch = self._next_batch()
+                data_s += time.perf_counter() - tick
+                with self.acc.accumulate(self.model):
+                    outputs = self.model(batch, n_recycles=recycles, generator=self._generator(0, step, micro))
+                    loss, parts = compute_losses(outputs, batch, cfg.loss)
+                    self.acc.backward(loss)
+                sums += torch.stack([loss.detach(), *(parts[p] for p in PARTS)]).double().cpu()
+        flags = torch.tensor([float(self.stop.signal is not None)], dtype=torch.float64)
+        reduced = self.acc.reduce(torch.cat([sums, flags]).to(self.acc.device), "sum").cpu()
+        losses = (reduced[:-1] / (self.world * t.grad_accum)).tolist()
+        if reduced[-1] > 0:
+            self.stop.request("a stop signal on another rank")
+        clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+        grad_norm = float(self.acc.clip_grad_norm_(self.model.parameters(), clip))
+        finite = math.isfinite(losses[0]) and math.isfinite(grad_norm)
+        lr = self.scheduler.get_last_lr()[0]
+        if finite:
+            self.optimizer.step()
+            self.ema.update()
+            self.nonfinite_in_row = 0
+        else:
+            self.nonfinite_total += 1
+            self.nonfinite_in_row += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():                      # the schedule follows the step, skipped or not
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+            self.scheduler.step()
+        self.step += 1
+        row = {"step": self.step, "split": "train", "loss": losses[0], **dict(zip(PARTS, losses[1:])), "lr": lr,
+               "grad_norm": grad_norm, "recycles": recycles, "epoch": self.epoch,
+               "step_s": time.perf_counter() - started, "data_s": data_s, "skipped": not finite}
+        if self.acc.device.type == "cuda":
+            row["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.acc.device) / 2 ** 30
+        self.log.write(row, to_wandb=self.step % t.log_every == 0)
+        if not finite:
+            self.say(f"step {self.step}: non-finite loss {losses[0]} or gradient norm {grad_norm}; step skipped "
+                     f"({self.nonfinite_in_row} in a row, trainer.max_nonfinite={t.max_nonfinite})")
+            if self.nonfinite_in_row >= t.max_nonfinite:
+                last = ckpt.list_checkpoints(self.out)
+                raise TrainingError(
+                    f"stopped at step {self.step}: {self.nonfinite_in_row} non-finite losses in a row "
+                    f"(trainer.max_nonfinite={t.max_nonfinite}); last checkpoint: "
+                    f"{last[-1].path if last else 'none'}; try a lower optim.lr or trainer.mixed_precision=no")
+
+    def _next_batch(self) -> dict:
+        """The next training batch of this rank, on its device; counts the examples consumed (the data position
+        saved in checkpoints: the loader prefetches, so its own position is ahead of what was used)."""
+        while True:
+            if self._iterator is None:                   # creating one draws from torch's generator: keep it out
+                with torch.random.fork_rng(devices=[]):
+                    self._iterator = iter(self.loaders.train)
+            try:
+                batch = next(self._iterator)
+                break
+            except StopIteration:
+                self.epoch, self.consumed, self._iterator = self.epoch + 1, 0, None
+                self.loaders.train_sampler.set_epoch(self.epoch, 0)
+        self.consumed += len(batch["id"])
+        return self._to_device(batch)
+
+    def _to_device(self, batch: dict) -> dict:
+        return {k: v.to(self.acc.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    # ---- validation, checkpoints, reports -------------------------------------------------------------------------
+
+    def _validate(self) -> dict | None:
+        """Validate the EMA weights on this rank's validation entries, reduce across ranks, log, plot; returns the
+        metrics (None when no entry validates)."""
+        if self.loaders.val is None:
+            if self.step == 0:
+                self.say("no validation entries (data.val_ids / data.val_after): validation is skipped")
+            return None
+        cfg, started = self.cfg, time.perf_counter()
+        devices = [self.acc.device] if self.acc.device.type == "cuda" else []
+        self.plain.eval()
+        with self.ema.swapped(), torch.random.fork_rng(devices=devices):
+            sums = validation_sums(
+                self.plain, (self._to_device(b) for b in self.loaders.val), loss_cfg=cfg.loss,
+                n_recycles=cfg.model.n_recycles, steps=cfg.trainer.val_sampling_steps or cfg.model.sampling_steps,
+                samples=cfg.trainer.val_samples, generator_for=lambda i: self._generator(1, 0, i),
+                autocast=self.acc.autocast, beat=self.watchdog.beat)
+        self.plain.train()
+        metrics = {k: json_safe(v) for k, v in means(self.acc.reduce(sums.to(self.acc.device), "sum").cpu()).items()}
+        self.log.write({"step": self.step, "split": "val", **metrics, "val_s": time.perf_counter() - started})
+        self.first_val = self.first_val or {"step": self.step, **metrics}
+        self.last_val = {"step": self.step, **metrics}
+        lddt = metrics["lddt_ca"]
+        if lddt is not None and (self.best is None or lddt > self.best["lddt_ca"]):
+            self.best = {"step": self.step, "lddt_ca": lddt}
+
+        def show(key, fmt):
+            return "nan" if metrics[key] is None else format(metrics[key], fmt)
+
+        self.say(f"step {self.step} validation: lDDT-Ca {show('lddt_ca', '.3f')}  TM {show('tm_score', '.3f')}  "
+                 f"RMSD {show('rmsd', '.2f')} A  contacts {show('contact_precision', '.3f')}  "
+                 f"distogram acc {show('distogram_accuracy', '.3f')}  pLDDT {show('mean_plddt', '.1f')}  "
+                 f"loss {show('loss', '.3f')}  ({time.perf_counter() - started:.1f} s)")
+        if self.main:
+            plot_run(self.log.rows, self.out, title=self.out.name)
+        return metrics
+
+    def _save(self, val: dict | None = None) -> Path:
+        """Write the checkpoint of the current step (every rank calls it), then prune old ones."""
+        self.watchdog.beat(f"writing checkpoint step_{self.step}")
+        started = time.perf_counter()
+        state = {"step": self.step, "epoch": self.epoch, "consumed": self.consumed, "world_size": self.world,
+                 "batch_size": self.cfg.data.batch_size, "grad_accum": self.cfg.trainer.grad_accum,
+                 "nonfinite_total": self.nonfinite_total, "nonfinite_in_row": self.nonfinite_in_row, "val": val,
+                 "best": self.best, "first_val": self.first_val, "last_val": self.last_val,
+                 "wandb_id": self.wandb_id, "stopped_by": self.stop.signal, "seed": self.cfg.seed,
+                 "saved_at": time.time()}
+        final = ckpt.save_training_state(self.out, state, model=self.plain, optimizer=self.optimizer.optimizer,
+                                         scheduler=self.scheduler, ema=self.ema, config=self.cfg, rank=self.rank,
+                                         is_main=self.main, barrier=self.acc.wait_for_everyone)
+        if self.main:
+            removed = ckpt.prune_checkpoints(self.out, self.cfg.trainer.keep_last)
+            pruned = f"; removed {', '.join(p.name for p in removed)}" if removed else ""
+            self.say(f"saved {final} ({time.perf_counter() - started:.1f} s{pruned})")
+        return final
+
+    def _announce(self) -> None:
+        train, val = self.loaders.train.dataset, self.loaders.val
+        val_ids = ", ".join(r.id for r in val.dataset.rows) if val is not None else "none"
+        params = sum(p.numel() for p in self.plain.parameters()) / 1e6
+        self.say(f"mini_of3: {len(train)} training entries, validation: {val_ids} | model {params:.2f} M parameters "
+                 f"| {self.acc.device}, {self.world} process(es), precision {self.acc.mixed_precision} | steps "
+                 f"{self.step} -> {self.cfg.trainer.max_steps} | {self.out}")
+
+    def _farewell(self, wall: float) -> None:
+        def lddt(v):
+            return "n/a" if not v or v.get("lddt_ca") is None else f"{v['lddt_ca']:.3f} (step {v['step']})"
+
+        stopped = f" (stopped by {self.stop.signal})" if self.stop.signal else ""
+        self.say(f"done{stopped}: step {self.step} in {wall / 60:.1f} min; validation lDDT-Ca {lddt(self.first_val)}"
+                 f" -> {lddt(self.last_val)}; run folder {self.out}")

@@ -1,0 +1,97 @@
+"""PNG plots of a run from its log rows: ``losses.png`` (total and parts, train and validation) and
+``validation.png`` (lDDT-Calpha, TM-score, contact precision, distogram accuracy, RMSD)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+LOSS_PARTS = ("distogram", "diffusion", "smooth_lddt", "plddt")
+SCORES = ("lddt_ca", "tm_score", "contact_precision", "distogram_accuracy")
+
+
+def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def _smooth(values: list[float], span: int) -> list[float]:
+    """Exponential moving average with the given span (a readable trend through noisy per-step losses)."""
+    alpha, out, level = 2.0 / (span + 1), [], None
+    for v in values:
+        level = v if level is None else alpha * v + (1 - alpha) * level
+        out.append(level)
+    return out
+
+
+def plot_losses(rows: list[dict], path: str | Path, title: str = "") -> Path:
+    """Total loss (per step and smoothed, validation points) and each (unweighted) loss part, against step."""
+    train = [r for r in rows if r.get("split", "train") == "train"]
+    val = [r for r in rows if r.get("split") == "val"]
+    fig, (ax_total, ax_parts) = plt.subplots(1, 2, figsize=(11, 4))
+    steps, loss = _series(train, "loss")
+    span = max(5, len(loss) // 20)
+    if loss:
+        ax_total.plot(steps, loss, color="tab:blue", alpha=0.25, lw=0.8, label="train (per step)")
+        ax_total.plot(steps, _smooth(loss, span), color="tab:blue", lw=1.8, label=f"train (EMA, span {span})")
+    vsteps, vloss = _series(val, "loss")
+    if vloss:
+        ax_total.plot(vsteps, vloss, "o-", color="tab:red", label="validation")
+    ax_total.set(xlabel="step", ylabel="total loss", title=title or "loss")
+    for i, part in enumerate(LOSS_PARTS):
+        s, v = _series(train, part)
+        if v:
+            ax_parts.plot(s, _smooth(v, span), color=f"C{i}", lw=1.5, label=part)
+        s, v = _series(val, part)
+        if v:
+            ax_parts.plot(s, v, "o--", color=f"C{i}", ms=4, lw=0.8)
+    ax_parts.set(xlabel="step", ylabel="loss part (smoothed; o = validation)", title="loss parts")
+    ax_parts.set_yscale("log")
+    _legends(fig)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_validation(rows: list[dict], path: str | Path, title: str = "") -> Path:
+    """Validation scores in [0, 1] (left) and Calpha RMSD in A (right), against step."""
+    val = [r for r in rows if r.get("split") == "val"]
+    fig, (ax_scores, ax_rmsd) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, key in enumerate(SCORES):
+        s, v = _series(val, key)
+        if v:
+            ax_scores.plot(s, v, "o-", color=f"C{i}", label=key)
+    ax_scores.set(xlabel="step", ylabel="score", ylim=(0, 1), title=title or "validation (EMA weights)")
+
+    s, v = _series(val, "rmsd")
+    if v:
+        ax_rmsd.plot(s, v, "o-", color="tab:purple")
+    ax_rmsd.set(xlabel="step", ylabel="Calpha RMSD (A)", title="validation RMSD")
+    _legends(fig)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def _legends(fig) -> None:
+    for ax in fig.axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+
+
+def plot_run(rows: list[dict], out_dir: str | Path, title: str = "") -> list[Path]:
+    """Both plots into ``out_dir``: losses.png and validation.png (written to a temporary name, then renamed)."""
+    out_dir = Path(out_dir)
+    written = []
+    for name, plot in (("losses.png", plot_losses), ("validation.png", plot_validation)):
+        tmp = out_dir / f".{name}.tmp.png"
+        plot(rows, tmp, title)
+        tmp.replace(out_dir / name)
+        written.append(out_dir / name)
+    return written
