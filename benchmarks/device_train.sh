@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# A short training run on the GPU machine with our kernel in bf16 (issue 5): accelerate launch train.py with a crop
+# config, on entries prepared here (python -m mini_of3.data.prepare ../shared/data/mmcif .device/data/cache) and
+# carried in the git-ignored .device/ folder with the gemmi and biopython wheels (.device/whl). Results go to $OUT.
+#   bash benchmarks/device_train.sh CONFIG STEPS [key=value ...]
+set -u
+config=${1:-configs/crop384.yaml}; steps=${2:-200}; shift 2 || true
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+run=/tmp/run
+timeout -k 15 "${TRAIN_TIMEOUT:-400}" accelerate launch --num_processes 1 --num_machines 1 --mixed_precision bf16 \
+  --dynamo_backend no train.py "$config" wandb=false data.root=.device/data/cache data.cache_dir=.device/data/cache \
+  trainer.max_steps="$steps" trainer.out_dir=$run trainer.checkpoint_every=100000 "$@" > "$OUT/train.log" 2>&1
+echo "train rc=$?"
+cp $run/log.jsonl $run/config.yaml "$OUT/" 2>/dev/null; cp $run/*.png "$OUT/" 2>/dev/null
+python3 - "$OUT/log.jsonl" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+train = [r for r in rows if r.get("split") == "train"]
+val = [r for r in rows if r.get("split") != "train"]
+if train:
+    steady = [r["step_s"] for r in train[len(train) // 4:]]
+    k = max(1, len(train) // 10)
+    print(f"steps {len(train)}  median step {statistics.median(steady):.3f} s  peak {max(r.get('peak_mem_gib', 0) for r in train):.1f} GiB")
+    print(f"loss first {k}: {statistics.mean(r['loss'] for r in train[:k]):.3f}  last {k}: {statistics.mean(r['loss'] for r in train[-k:]):.3f}")
+for r in val:
+    print({key: (round(v, 3) if isinstance(v, float) else v) for key, v in r.items()})
+PY
+tail -5 "$OUT/train.log"
