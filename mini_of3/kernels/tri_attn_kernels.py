@@ -8,9 +8,10 @@ Kernels:
     _fwd            one program per (query tile jb, head h, row i, batch b); online softmax or plain sigmoid.
     _delta          delta = rowsum(dO * O) in float32, with O = o + o_lo (the forward's rounding residual), so the
                     bf16 rounding of the output does not leak into dS.
-    _bwd_dqkv       one program per (b, i, h): outer loop over key tiles (dK, dV in registers), inner loop over query
-                    tiles; dQ is accumulated in a float32 scratch row owned by this program only (read-modify-write
-                    in program order), so the three gradients need no atomics and repeat bitwise.
+    _bwd_dqkv       a persistent grid over the rows (b, i, h): per row, an outer loop over key tiles (dK, dV in
+                    registers) and an inner loop over query tiles; dQ is accumulated in a float32 scratch row owned by
+                    the program only (read-modify-write in program order), so the three gradients need no atomics and
+                    repeat bitwise.
     _bwd_dbias      one program per (key tile, query tile, h, b, chunk of rows): the bias tile stays in registers and
                     dS is summed over the rows i of the chunk in order; chunks (only when the grid would otherwise
                     be too small to fill the GPU) are summed afterwards, in order, by _sum_chunks.
@@ -216,63 +217,66 @@ def _bwd_dqkv(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
               BLOCK_D: tl.constexpr):
     # Tiles are computed transposed, [key, query] (as FlashAttention-2's backward): p^T and dS^T are then the
     # A operands of dV += p^T dO and dK += dS^T q straight from registers; only dQ += dS k needs a transpose.
-    pid = tl.program_id(0)
-    h = pid % H
-    i = (pid // H) % I
-    b = pid // (H * I)
-    b64 = b.to(tl.int64)
-    i64 = i.to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_jt = tl.arange(0, BLOCK_J)
-    offs_kt = tl.arange(0, BLOCK_K)
-    q_base = Q + b64 * sq_b + i64 * sq_i + h * sq_h
-    do_base = DO + b64 * sd_b + i64 * sd_i + h * sd_h
-    k_base = K + b64 * sk_b + i64 * sk_i + h * sk_h
-    v_base = V + b64 * sv_b + i64 * sv_i + h * sv_h
-    bias_base = BIAS + b64 * sb_b + h * sb_h
-    m_base = b64 * sm_b + i64 * sm_i
-    row_base = ((b64 * H + h) * I + i64) * J                      # into LSE, DELTA [B, H, I, J]
-    acc_base = DQ_ACC + ((b64 * I + i64) * H + h) * J * BLOCK_D     # this program's own float32 dQ row [J, D]
-    g_base = b64 * sg_b + i64 * sg_i + h * sg_h                   # into DQ, DK, DV (same layout)
-    scale2 = scale * 1.4426950408889634
-    shift2 = 0.0
-    if SIGMOID:
-        shift2 = tl.load(BETA + b64 * I + i64) * 1.4426950408889634
+    # A persistent grid: each program owns one float32 dQ scratch row [J, D] and takes the rows (b, i, h) pid,
+    # pid + programs, ... in turn. The scratch (programs x J x D x 4 bytes, 26 MB at N = 768) stays in L2 and is
+    # independent of the problem size; every row is still computed by one program in a fixed order (bitwise).
+    for item in range(tl.program_id(0), B * I * H, tl.num_programs(0)):
+        h = item % H
+        i = (item // H) % I
+        b = item // (H * I)
+        b64 = b.to(tl.int64)
+        i64 = i.to(tl.int64)
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_jt = tl.arange(0, BLOCK_J)
+        offs_kt = tl.arange(0, BLOCK_K)
+        q_base = Q + b64 * sq_b + i64 * sq_i + h * sq_h
+        do_base = DO + b64 * sd_b + i64 * sd_i + h * sd_h
+        k_base = K + b64 * sk_b + i64 * sk_i + h * sk_h
+        v_base = V + b64 * sv_b + i64 * sv_i + h * sv_h
+        bias_base = BIAS + b64 * sb_b + h * sb_h
+        m_base = b64 * sm_b + i64 * sm_i
+        row_base = ((b64 * H + h) * I + i64) * J                      # into LSE, DELTA [B, H, I, J]
+        acc_base = DQ_ACC + tl.program_id(0).to(tl.int64) * J * BLOCK_D  # this program's dQ scratch row [J, D]
+        g_base = b64 * sg_b + i64 * sg_i + h * sg_h                   # into DQ, DK, DV (same layout)
+        scale2 = scale * 1.4426950408889634
+        shift2 = 0.0
+        if SIGMOID:
+            shift2 = tl.load(BETA + b64 * I + i64) * 1.4426950408889634
 
-    for k0 in range(0, J, BLOCK_K):
-        tl.debug_barrier()   # every thread sees the dQ row as the last key tile left it
-        offs_k = k0 + offs_kt
-        key_mask = _key_mask(MASK, m_base, offs_k, sm_k, J, HAS_MASK) + shift2
-        k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                   # [BK, D]
-        v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                   # [BK, D]
-        dk = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
-        dv = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
-        # rows of dQ this key tile reads back / keeps in the scratch / writes out (the last key tile writes out)
-        rows_read = tl.where(k0 > 0, J, 0)
-        rows_keep = tl.where(k0 + BLOCK_K < J, J, 0)
-        rows_out = J - rows_keep
-        for j0 in range(0, J, BLOCK_J):
-            offs_j = j0 + offs_jt
-            in_j = offs_j < J
-            q = _load_tile(q_base, offs_j, offs_d, sq_j, sq_d, J)                               # [BJ, D]
-            do = _load_tile(do_base, offs_j, offs_d, sd_j, sd_d, J)                             # [BJ, D]
-            bias_t = tl.load(bias_base + offs_k[:, None] * sb_k + offs_j[None, :] * sb_j,
-                             mask=(offs_k[:, None] < J) & in_j[None, :], other=0.0).to(tl.float32)   # [BK, BJ]
-            lse, delta = _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID)
-            s2t = _dot(k, tl.trans(q), DOT_PREC) * scale2 + (bias_t * 1.4426950408889634 + key_mask[:, None])
-            dpt = _dot(v, tl.trans(do), DOT_PREC)                                               # [BK, BJ]
-            pt, dst = _probs_and_dscores(s2t, dpt, lse[None, :], delta[None, :], SIGMOID, FAST_EXP)
-            dv += _dot_split(pt, do, False, DOT_PREC)    # [BK, D]; p's rounding shows only in dv, as its own
-            dk += _dot_split(dst, q, SPLIT_DS, DOT_PREC)                                        # [BK, D]
-            acc_ptrs = acc_base + offs_j[:, None] * BLOCK_D + offs_d[None, :]
-            dq = tl.load(acc_ptrs, mask=offs_j[:, None] < rows_read, other=0.0)
-            dq += _dot_split(dst, k, SPLIT_DS, DOT_PREC, TRANS_P=True)                          # [BJ, D]
-            tl.store(acc_ptrs, dq, mask=offs_j[:, None] < rows_keep)
-            g_ptrs = g_base + offs_j[:, None] * sg_j + offs_d[None, :] * sg_d
-            tl.store(DQ + g_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=offs_j[:, None] < rows_out)
-        g_ptrs = g_base + offs_k[:, None] * sg_j + offs_d[None, :] * sg_d
-        tl.store(DK + g_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=offs_k[:, None] < J)
-        tl.store(DV + g_ptrs, dv.to(DV.dtype.element_ty), mask=offs_k[:, None] < J)
+        for k0 in range(0, J, BLOCK_K):
+            tl.debug_barrier()   # every thread sees the dQ row as the last key tile left it
+            offs_k = k0 + offs_kt
+            key_mask = _key_mask(MASK, m_base, offs_k, sm_k, J, HAS_MASK) + shift2
+            k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                   # [BK, D]
+            v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                   # [BK, D]
+            dk = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
+            dv = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
+            # rows of dQ this key tile reads back / keeps in the scratch / writes out (the last key tile writes out)
+            rows_read = tl.where(k0 > 0, J, 0)
+            rows_keep = tl.where(k0 + BLOCK_K < J, J, 0)
+            rows_out = J - rows_keep
+            for j0 in range(0, J, BLOCK_J):
+                offs_j = j0 + offs_jt
+                in_j = offs_j < J
+                q = _load_tile(q_base, offs_j, offs_d, sq_j, sq_d, J)                               # [BJ, D]
+                do = _load_tile(do_base, offs_j, offs_d, sd_j, sd_d, J)                             # [BJ, D]
+                bias_t = tl.load(bias_base + offs_k[:, None] * sb_k + offs_j[None, :] * sb_j,
+                                 mask=(offs_k[:, None] < J) & in_j[None, :], other=0.0).to(tl.float32)   # [BK, BJ]
+                lse, delta = _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID)
+                s2t = _dot(k, tl.trans(q), DOT_PREC) * scale2 + (bias_t * 1.4426950408889634 + key_mask[:, None])
+                dpt = _dot(v, tl.trans(do), DOT_PREC)                                               # [BK, BJ]
+                pt, dst = _probs_and_dscores(s2t, dpt, lse[None, :], delta[None, :], SIGMOID, FAST_EXP)
+                dv += _dot_split(pt, do, False, DOT_PREC)    # [BK, D]; p's rounding shows only in dv, as its own
+                dk += _dot_split(dst, q, SPLIT_DS, DOT_PREC)                                        # [BK, D]
+                acc_ptrs = acc_base + offs_j[:, None] * BLOCK_D + offs_d[None, :]
+                dq = tl.load(acc_ptrs, mask=offs_j[:, None] < rows_read, other=0.0)
+                dq += _dot_split(dst, k, SPLIT_DS, DOT_PREC, TRANS_P=True)                          # [BJ, D]
+                tl.store(acc_ptrs, dq, mask=offs_j[:, None] < rows_keep)
+                g_ptrs = g_base + offs_j[:, None] * sg_j + offs_d[None, :] * sg_d
+                tl.store(DQ + g_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=offs_j[:, None] < rows_out)
+            g_ptrs = g_base + offs_k[:, None] * sg_j + offs_d[None, :] * sg_d
+            tl.store(DK + g_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=offs_k[:, None] < J)
+            tl.store(DV + g_ptrs, dv.to(DV.dtype.element_ty), mask=offs_k[:, None] < J)
 
 
 @triton.jit

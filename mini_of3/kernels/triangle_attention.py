@@ -287,7 +287,11 @@ def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale:
     dq = _new((B, I, J, H, D), q.dtype, device)
     dk = _new((B, I, J, H, D), q.dtype, device)
     dv = _new((B, I, J, H, D), q.dtype, device)
-    dq_acc = torch.empty((B, I, H, J, D), dtype=torch.float32, device=device)   # each program's own dQ row
+    # persistent programs for _bwd_dqkv, balanced: each takes the same number of rows (b, i, h) (at most one less)
+    rows = B * I * H
+    per_program = math.ceil(rows / (2 * _num_sms(device)))
+    programs = math.ceil(rows / per_program)
+    dq_acc = torch.empty((programs, J, D), dtype=torch.float32, device=device)   # one dQ scratch row per program
     common = (q, k, v, bias, mask_arg, beta_arg, do, lse, delta)
     strides = (*q.stride(), *k.stride(), *v.stride(), *bias.stride(), *mask_strides, *do.stride())
     flags = dict(HAS_MASK=mask is not None, SIGMOID=sigmoid, DOT_PREC=dot_prec, BLOCK_D=D,
@@ -296,9 +300,9 @@ def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale:
     dqkv_args = (*common, dq_acc, dq, dk, dv, *strides, *dq.stride(), B, I, J, H, scale)
     if _autotune_enabled():
         kernel = _tuned_kernel("dqkv", K._bwd_dqkv, _bwd_configs(D), ("SPLIT_DS",))
-        kernel[(B * I * H,)](*dqkv_args, _bucket(J), **splits, **flags)
+        kernel[(programs,)](*dqkv_args, _bucket(J), **splits, **flags)
     else:
-        K._bwd_dqkv[(B * I * H,)](*dqkv_args, _bucket(J), **splits, **flags, BLOCK_J=config.bwd_block_j,
+        K._bwd_dqkv[(programs,)](*dqkv_args, _bucket(J), **splits, **flags, BLOCK_J=config.bwd_block_j,
                                   BLOCK_K=config.bwd_block_k, num_warps=config.bwd_warps,
                                   num_stages=config.bwd_stages)
 
@@ -367,6 +371,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, bias, mask, beta, o, o_lo, lse)
     ctx.sigmoid, ctx.scale, ctx.split_ds = sigmoid, scale, split_ds
     ctx.mark_non_differentiable(o_lo, lse)
+    ctx.set_materialize_grads(False)     # no zero-filled gradients for o_lo and lse (saves one o-sized tensor)
 
 
 def _autograd_backward(ctx, do, _do_lo, _dlse):
