@@ -1,0 +1,107 @@
+"""Compile the triangle-attention kernels for the H200 (sm_90) on a machine without a GPU, and report what each launch
+configuration costs in registers, spills (local-memory loads/stores), shared memory, and which MMA instructions
+the SASS holds (HGMMA = Hopper wgmma, HMMA = mma.sync).
+
+Occupancy, not bandwidth, limits these kernels (NOTES.md, run 2: ncu showed 12.5 % occupancy, register-limited), and
+registers can be read here at no device time. The problem is specialised as the JIT sees a contiguous one (unit
+strides are the constant 1, pointers and other strides divisible by 16), which is what makes the loads vectorise.
+Uses ptxas and cuobjdump from Triton's own package. Codegen of the local Triton (3.9 here) may differ a little from
+the GPU machine's (3.6): use it to compare variants, and confirm on the GPU.
+
+    python benchmarks/kernel_resources.py                 # the autotuning candidates of every kernel, D = 32
+    python benchmarks/kernel_resources.py --head-dim 64 --maxnreg 168
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from mini_of3.kernels import tri_attn_kernels as K  # noqa: E402
+from mini_of3.kernels.triangle_attention import _bwd_configs, _fwd_configs  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+UNIT_STRIDES = ("sq_d", "sk_d", "sv_d", "so_d", "sd_d", "sg_d", "sb_k", "sm_k", "so_k")
+POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", BIAS="*fp32", MASK="*i1", BETA="*fp32", O="*bf16", O_LO="*bf16",
+                LSE="*fp32", DO="*bf16", DELTA="*fp32", DQ_ACC="*fp32", DQ="*bf16", DK="*bf16", DV="*bf16",
+                DBIAS="*fp32")
+
+
+def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None):
+    """Compile ``fn`` for sm_90 with the given constexprs, specialised as the JIT would for a contiguous input."""
+    constexprs = dict(constexprs)
+    for name in UNIT_STRIDES:
+        if name in fn.arg_names:
+            constexprs[name] = 1
+    signature, attrs = {}, {}
+    for idx, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        signature[name] = POINTERS.get(name, "fp32" if name == "scale" else "i32")
+        if name in POINTERS or name.startswith("s"):
+            attrs[(idx,)] = [["tt.divisibility", 16]]
+    options = {"num_warps": num_warps, "num_stages": num_stages, **({"maxnreg": maxnreg} if maxnreg else {})}
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs), target=TARGET,
+                          options=options)
+
+
+def resources(compiled) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        usage = subprocess.run([BIN / "cuobjdump", "--dump-resource-usage", cubin], capture_output=True,
+                               text=True, check=True).stdout
+        sass = subprocess.run([BIN / "cuobjdump", "--dump-sass", cubin], capture_output=True, text=True,
+                              check=True).stdout
+    regs = int(re.search(r"REG:(\d+)", usage).group(1))
+    return {"regs": regs, "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
+            "smem": compiled.metadata.shared, "local_ld": sass.count("LDL"), "local_st": sass.count("STL"),
+            "mma": "HGMMA" if "HGMMA" in sass else ("HMMA" if "HMMA" in sass else "-"),
+            "ctas_per_sm_by_regs": 65536 // (regs * 32 * compiled.metadata.num_warps)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kernel", choices=("fwd", "dqkv", "dbias", "all"), default="all")
+    parser.add_argument("--head-dim", type=int, default=32)
+    parser.add_argument("--maxnreg", type=int, default=None)
+    args = parser.parse_args()
+    d = args.head_dim
+    common = dict(HAS_MASK=True, SIGMOID=False, FAST_EXP=True, DOT_PREC="tf32", BLOCK_D=d)
+    jobs = []
+    if args.kernel in ("fwd", "all"):
+        for c in _fwd_configs(d):
+            flags = dict(common, STORE_LSE=True, STORE_LO=True, SPLIT_P=True, **c.kwargs)
+            jobs.append(("fwd", K._fwd, flags, c.num_warps, c.num_stages))
+    if args.kernel in ("dqkv", "all"):
+        for c in _bwd_configs(d):
+            for split in (True, False):
+                jobs.append((f"dqkv{'' if split else ' nosplit'}", K._bwd_dqkv, dict(common, SPLIT_DS=split, **c.kwargs),
+                             c.num_warps, c.num_stages))
+    if args.kernel in ("dbias", "all"):
+        block = 64 if d <= 64 else 32
+        for warps, stages in ((4, 1), (4, 2), (8, 2)):
+            jobs.append(("dbias", K._bwd_dbias, dict(common, BLOCK_J=block, BLOCK_K=block), warps, stages))
+    print(f"{'kernel':14s}{'BJ':>5s}{'BK':>5s}{'warps':>6s}{'stages':>7s}{'regs':>6s}{'CTA/SM':>7s}{'stack':>7s}"
+          f"{'LDL':>5s}{'STL':>5s}{'smem':>8s}  mma")
+    for name, fn, flags, warps, stages in jobs:
+        r = resources(compile_kernel(fn, flags, warps, stages, args.maxnreg))
+        print(f"{name:14s}{flags['BLOCK_J']:5d}{flags['BLOCK_K']:5d}{warps:6d}{stages:7d}{r['regs']:6d}"
+              f"{r['ctas_per_sm_by_regs']:7d}{r['stack']:7d}{r['local_ld']:5d}{r['local_st']:5d}{r['smem']:8d}  "
+              f"{r['mma']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
