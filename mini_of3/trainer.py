@@ -7,10 +7,12 @@ validation metrics and stop requests with the others; the main process alone pri
 plots) and writes the shared checkpoint files.
 
 Exact resume: a checkpoint holds the weights, AdamW, the schedule, the EMA, every rank's RNG states, the step and
-the data position (sampler epoch, examples this rank consumed in it). Every step also reseeds torch's global
-generator (dropout) and draws its diffusion noise from generators seeded by (seed, step, rank), so a resumed run
-repeats the uninterrupted one bitwise on the same number of processes; on another number it continues from the same
-step and data position (not bitwise: the shards differ).
+the data position (sampler epoch, examples this rank consumed in it). Every micro-batch also reseeds torch's global
+generator (dropout) and draws its diffusion noise from a generator seeded by (seed, step, slot), where the slot is
+the micro-batch's place in the step's global batch, not the rank that runs it (:meth:`Trainer._slot`). So a resumed
+run repeats the uninterrupted one bitwise on the same number of processes; on another number it continues from the
+same step and data position, and with batch_size 1 and the same global batch (processes x grad_accum) it repeats
+the run to float rounding (gradients are summed in another order), not bitwise.
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, InitProcessGroupKwargs, broadcast_object_list, set_seed
+from accelerate.utils import (DistributedType, InitProcessGroupKwargs, broadcast_object_list, gather_object,
+                               set_seed)
 from tqdm import tqdm
 
 from .config import Config, ConfigError, config_to_dict, save_config
@@ -69,9 +72,12 @@ class Trainer:
         self.cfg, t = cfg, cfg.trainer
         # several processes and no GPU: gloo on the CPU (accelerate would otherwise run N unaware copies)
         cpu_group = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
+        # the backend's own timeout (a bare gloo traceback, an NCCL abort) comes a minute after the watchdog's, so
+        # that a stalled rank ends the run with the watchdog's message (Watchdog polls every <= timeout / 4)
+        group_timeout = timedelta(seconds=t.stall_timeout_s + 60)
         self.acc = Accelerator(mixed_precision=t.mixed_precision, gradient_accumulation_steps=t.grad_accum,
                                cpu=cpu_group, step_scheduler_with_optimizer=False,
-                               kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=t.stall_timeout_s))])
+                               kwargs_handlers=[InitProcessGroupKwargs(timeout=group_timeout)])
         if self.acc.distributed_type == DistributedType.FSDP and not self.acc.is_fsdp2:
             raise TrainingError("FSDP needs fsdp_version: 2 in the accelerate config (configs/accelerate/fsdp.yaml)")
         self.rank, self.world, self.main = self.acc.process_index, self.acc.num_processes, self.acc.is_main_process
@@ -251,29 +257,40 @@ class Trainer:
             self._save()
             return False
 
-    def _generator(self, purpose: int, step: int, index: int) -> torch.Generator:
-        """The diffusion noise generator of this rank for ``purpose`` (0 training, 1 validation, 2 compile probe) at
-        ``step``, micro-batch or validation batch ``index``: a function of these and the seed only."""
-        seed = derived_seed(self.cfg.seed, purpose, step, self.rank, index)
+    def _slot(self, index: int) -> int:
+        """The place, in the global batch, of this rank's micro-batch (or validation batch) ``index``.
+
+        Rank r's i-th example is example ``i * world + r`` of the sampler's stream (``stream[r::world]``), so with
+        batch_size 1 the slot is the example's position in the step's global batch (or its validation entry),
+        whatever the process count: seeding by slot rather than by rank makes N processes x grad_accum g draw the
+        same dropout masks and noise as 1 process x grad_accum N*g (tests/trainer/test_distributed.py)."""
+        return index * self.world + self.rank
+
+    def _generator(self, purpose: int, step: int, slot: int) -> torch.Generator:
+        """The diffusion noise generator for ``purpose`` (0 training, 1 validation, 2 compile probe) at ``step`` and
+        global ``slot`` (:meth:`_slot`): a function of these and the seed only."""
+        seed = derived_seed(self.cfg.seed, purpose, step, slot)
         return torch.Generator(device=self.acc.device).manual_seed(seed)
 
     def _train_step(self) -> None:
         """Forward, backward (accumulated over ``grad_accum`` micro-batches), reduce, clip, update, log."""
         cfg, t = self.cfg, self.cfg.trainer
         started, step = time.perf_counter(), self.step
-        ckpt.fault_point("step", step + 1)
-        recycles = recycles_for_step(cfg.seed, step, cfg.model.n_recycles)
-        torch.manual_seed(derived_seed(cfg.seed, 3, step, self.rank))      # dropout: a function of (seed, step, rank)
-        self.model.train()
         self.watchdog.beat(f"training step {step + 1}")
-        sums, data_s = torch.zeros(1 + len(PARTS), dtype=torch.float64), 0.0
+        ckpt.fault_point("step", step + 1, self.rank)
+        recycles = recycles_for_step(cfg.seed, step, cfg.model.n_recycles)
+        self.model.train()
+        sums, data_s, ids = torch.zeros(1 + len(PARTS), dtype=torch.float64), 0.0, []
         with self.stop.abortable(self.world == 1):          # several ranks must stop together, at the boundary
             for micro in range(t.grad_accum):
                 tick = time.perf_counter()
                 batch = self._next_batch()
                 data_s += time.perf_counter() - tick
+                ids.append(batch["id"])
+                slot = self._slot(micro)
+                torch.manual_seed(derived_seed(cfg.seed, 3, step, slot))   # dropout: a function of (seed, step, slot)
                 with self.acc.accumulate(self.model):
-                    outputs = self.model(batch, n_recycles=recycles, generator=self._generator(0, step, micro))
+                    outputs = self.model(batch, n_recycles=recycles, generator=self._generator(0, step, slot))
                     loss, parts = compute_losses(outputs, batch, cfg.loss)
                     self.acc.backward(loss)
                 sums += torch.stack([loss.detach(), *(parts[p] for p in PARTS)]).double().cpu()
@@ -299,7 +316,7 @@ class Trainer:
             self.scheduler.step()
         self.step += 1
         row = {"step": self.step, "split": "train", "loss": losses[0], **dict(zip(PARTS, losses[1:])), "lr": lr,
-               "grad_norm": grad_norm, "recycles": recycles, "epoch": self.epoch,
+               "grad_norm": grad_norm, "recycles": recycles, "epoch": self.epoch, "ids": self._global_ids(ids),
                "step_s": time.perf_counter() - started, "data_s": data_s, "skipped": not finite}
         if self.acc.device.type == "cuda":
             row["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.acc.device) / 2 ** 30
@@ -313,6 +330,12 @@ class Trainer:
                     f"stopped at step {self.step}: {self.nonfinite_in_row} non-finite losses in a row "
                     f"(trainer.max_nonfinite={t.max_nonfinite}); last checkpoint: "
                     f"{last[-1].path if last else 'none'}; try a lower optim.lr or trainer.mixed_precision=no")
+
+    def _global_ids(self, ids: list[list[str]]) -> list[str]:
+        """The entry ids of the step's global batch in the sampler's stream order, from ``ids`` (this rank's, per
+        micro-batch): micro-batch, then position in it, then rank (a collective when there are several ranks)."""
+        per_rank = gather_object([ids]) if self.world > 1 else [ids]
+        return [rank[micro][b] for micro in range(len(ids)) for b in range(len(ids[micro])) for rank in per_rank]
 
     def _next_batch(self) -> dict:
         """The next training batch of this rank, on its device; counts the examples consumed (the data position
@@ -337,7 +360,7 @@ class Trainer:
 
     def _validate(self) -> dict | None:
         """Validate the EMA weights on this rank's validation entries, reduce across ranks, log, plot; returns the
-        metrics (None when no entry validates)."""
+        metrics (None when no entry validates). Every rank runs the same number of batches (padded shards)."""
         if self.loaders.val is None:
             if self.step == 0:
                 self.say("no validation entries (data.val_ids / data.val_after): validation is skipped")
@@ -349,8 +372,8 @@ class Trainer:
             sums = validation_sums(
                 self.plain, (self._to_device(b) for b in self.loaders.val), loss_cfg=cfg.loss,
                 n_recycles=cfg.model.n_recycles, steps=cfg.trainer.val_sampling_steps or cfg.model.sampling_steps,
-                samples=cfg.trainer.val_samples, generator_for=lambda i: self._generator(1, 0, i),
-                autocast=self.acc.autocast, beat=self.watchdog.beat)
+                samples=cfg.trainer.val_samples, generator_for=lambda i: self._generator(1, 0, self._slot(i)),
+                autocast=self.acc.autocast, beat=self.watchdog.beat, real=self.loaders.val_real)
         self.plain.train()
         metrics = {k: json_safe(v) for k, v in means(self.acc.reduce(sums.to(self.acc.device), "sum").cpu()).items()}
         self.log.write({"step": self.step, "split": "val", **metrics, "val_s": time.perf_counter() - started})

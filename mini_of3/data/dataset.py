@@ -227,17 +227,36 @@ class DataLoaders:
     train: DataLoader
     val: DataLoader | None
     train_sampler: EpochSampler
+    val_real: int = 0           # how many leading batches of ``val`` hold this rank's entries (the rest are padding)
 
 
 def _worker_init(_: int) -> None:
     torch.set_num_threads(1)      # numpy work per example; threads would fight over the cores the GPU feed needs
 
 
-def make_loader(dataset: ProteinDataset, sampler, batch_size: int, num_workers: int) -> DataLoader:
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate, num_workers=num_workers,
+def make_loader(dataset: ProteinDataset, sampler, batch_size: int, num_workers: int, *,
+                batch_sampler=None) -> DataLoader:
+    """A loader over ``sampler`` in batches of ``batch_size``, or over the given batches (``batch_sampler``)."""
+    batching = {"batch_sampler": batch_sampler} if batch_sampler is not None else \
+        {"batch_size": batch_size, "sampler": sampler}
+    return DataLoader(dataset, **batching, collate_fn=collate, num_workers=num_workers,
                       persistent_workers=num_workers > 0, pin_memory=torch.cuda.is_available(),
                       prefetch_factor=4 if num_workers > 0 else None,
                       worker_init_fn=_worker_init if num_workers > 0 else None)
+
+
+def validation_batches(n: int, batch_size: int, rank: int, world_size: int) -> tuple[list[list[tuple[int, int]]], int]:
+    """(batches of ``(index, 0)``, how many of them are real) of validation entries ``range(n)`` for one rank.
+
+    The rank's entries are ``range(rank, n, world_size)`` (with the epoch-0 crop), in batches of ``batch_size``;
+    then batches of entry 0 pad the list to the largest rank's count, so that every rank runs the same number of
+    batches (under FSDP each forward is a collective: a rank with a batch fewer leaves the others waiting forever).
+    The padding batches are run and not scored.
+    """
+    mine = [(i, 0) for i in range(rank, n, world_size)]
+    batches = [mine[k : k + batch_size] for k in range(0, len(mine), batch_size)]
+    most = -(-(-(-n // world_size)) // batch_size)     # ceil(ceil(n / world_size) / batch_size)
+    return batches + [[(0, 0)]] * (most - len(batches)), len(batches)
 
 
 def build_dataloaders(cfg: DataConfig, prepared: str | Path, seed: int, rank: int = 0,
@@ -246,17 +265,18 @@ def build_dataloaders(cfg: DataConfig, prepared: str | Path, seed: int, rank: in
 
     Train: :class:`EpochSampler` (weights from ``cfg.sample_weighting``); call ``loaders.train_sampler.set_epoch``
     before each epoch (the dataset's crops follow the epoch given with each index). Validation: each rank takes
-    ``val[rank::world_size]`` with the epoch-0 crop, so every validation pass sees the same examples; None when no
-    entry validates.
+    ``val[rank::world_size]`` with the epoch-0 crop, so every validation pass sees the same examples, padded with
+    batches that are run but not scored so that all ranks run the same number (:func:`validation_batches`;
+    ``val_real`` counts the real ones); None when no entry validates.
     """
     train = ProteinDataset(prepared, cfg, "train", seed)
     if len(train) == 0:
         raise ValueError(f"{prepared}: no training entries left after the filters and the validation split")
     sampler = EpochSampler(train.weights(), seed, num_samples=cfg.samples_per_epoch, rank=rank, world_size=world_size)
     val_set = ProteinDataset(prepared, cfg, "val", seed)
-    val = None
+    val, val_real = None, 0
     if len(val_set):
-        val = make_loader(val_set, [(i, 0) for i in range(rank, len(val_set), world_size)], cfg.batch_size,
-                          min(cfg.num_workers, 1))
+        batches, val_real = validation_batches(len(val_set), cfg.batch_size, rank, world_size)
+        val = make_loader(val_set, None, cfg.batch_size, min(cfg.num_workers, 1), batch_sampler=batches)
     return DataLoaders(train=make_loader(train, sampler, cfg.batch_size, cfg.num_workers), val=val,
-                       train_sampler=sampler)
+                       train_sampler=sampler, val_real=val_real)

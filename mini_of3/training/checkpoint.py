@@ -25,6 +25,7 @@ import random
 import re
 import shutil
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -46,6 +47,7 @@ _NAME = re.compile(r"^step_(\d+)$")
 _TEMP = ".tmp_"          # being written
 _TRASH = ".del_"         # being deleted (renamed first, so a half-deleted folder never looks complete)
 FAULT_ENV = "MINI_OF3_FAULT"
+STALL_ENV = "MINI_OF3_STALL"
 
 
 @dataclass(frozen=True)
@@ -122,11 +124,14 @@ def resolve_checkpoint(path: str | Path, prefer: Literal["latest", "best"] = "la
 # writing
 
 
-def fault_point(name: str, step: int) -> None:
-    """Test hook: with ``MINI_OF3_FAULT=<name>@<step>`` in the environment, SIGKILL this process here (used to show
-    that a kill at any point leaves a usable run folder)."""
+def fault_point(name: str, step: int, rank: int = 0) -> None:
+    """Test hooks: with ``MINI_OF3_FAULT=<name>@<step>`` in the environment, SIGKILL this process here (used to show
+    that a kill at any point leaves a usable run folder); with ``MINI_OF3_STALL=<name>@<step>/<rank>``, that rank
+    hangs here (used to show that the others end with a clear message, not a hang)."""
     if os.environ.get(FAULT_ENV) == f"{name}@{step}":
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(STALL_ENV) == f"{name}@{step}/{rank}":
+        time.sleep(24 * 3600)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -273,7 +278,7 @@ def save_training_state(run_dir: str | Path, state: dict, *, model: nn.Module, o
         save_config(config, tmp / "config.yaml")
     barrier()
     save_torch(rng_state(), tmp / f"rng_{rank}.pt")
-    fault_point("checkpoint_write", step)
+    fault_point("checkpoint_write", step, rank)
     barrier()
     if is_main:
         commit_checkpoint(tmp, {**state, "ema_updates": ema.updates})

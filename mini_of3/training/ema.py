@@ -20,6 +20,12 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.detach().cpu().contiguous()
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (which aliases it), else the tensor itself. The EMA's in-place updates run on
+    the shards: a shadow is sharded like its parameter, and DTensor has no sharding rule for the foreach ops."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def _like(value: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """``value`` (a full tensor) laid out as ``target``: sharded the same way for a DTensor, else moved."""
     if hasattr(target, "device_mesh"):
@@ -44,6 +50,12 @@ class EMA:
         self.params: dict[str, torch.Tensor] = {n: p for n, p in model.named_parameters() if p.requires_grad}
         self.shadow: dict[str, torch.Tensor] = {n: p.detach().clone() for n, p in self.params.items()}
 
+    def _weights(self) -> list[torch.Tensor]:
+        return [_local(p.detach()) for p in self.params.values()]
+
+    def _shadows(self) -> list[torch.Tensor]:
+        return [_local(s) for s in self.shadow.values()]
+
     def current_decay(self) -> float:
         return min(self.decay, (1 + self.updates) / (10 + self.updates))
 
@@ -51,20 +63,20 @@ class EMA:
     def update(self) -> None:
         """Move the shadows towards the current weights (call after each optimizer step)."""
         weight = 1.0 - self.current_decay()
-        torch._foreach_lerp_(list(self.shadow.values()), [p.detach() for p in self.params.values()], weight)
+        torch._foreach_lerp_(self._shadows(), self._weights(), weight)
         self.updates += 1
 
     @contextmanager
     def swapped(self) -> Iterator[None]:
         """Inside the block the model holds the EMA weights; its own weights come back afterwards."""
         with torch.no_grad():
-            backup = [p.detach().clone() for p in self.params.values()]
-            torch._foreach_copy_([p.detach() for p in self.params.values()], list(self.shadow.values()))
+            backup = [w.clone() for w in self._weights()]
+            torch._foreach_copy_(self._weights(), self._shadows())
         try:
             yield
         finally:
             with torch.no_grad():
-                torch._foreach_copy_([p.detach() for p in self.params.values()], backup)
+                torch._foreach_copy_(self._weights(), backup)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full CPU tensors by parameter name (a collective under FSDP: call it on every rank)."""

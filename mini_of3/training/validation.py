@@ -3,7 +3,9 @@
 Per entry, ``samples`` structures are sampled and the one with the highest mean pLDDT is scored (as AF3 ranks its
 samples) with :func:`mini_of3.metrics.structure_metrics`: lDDT-Calpha, RMSD, TM-score, contact precision and
 distogram accuracy. The losses of a training forward pass are summed too. The result is a tensor of sums and counts
-that the trainer reduces across ranks, so uneven shards of the validation set average correctly.
+that the trainer reduces across ranks, so uneven shards of the validation set average correctly. Batches past
+``real`` (padding that gives every rank the same number of batches, see ``data.validation_batches``) are run, for
+the collectives of a sharded model, and not counted.
 """
 from __future__ import annotations
 
@@ -46,11 +48,12 @@ def score_batch(out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) ->
 @torch.no_grad()
 def validation_sums(model: nn.Module, batches: Iterable[dict], *, loss_cfg: LossConfig, n_recycles: int, steps: int,
                     samples: int, generator_for: Callable[[int], torch.Generator],
-                    autocast: Callable[[], AbstractContextManager], beat: Callable[[str], None] = lambda _: None
-                    ) -> torch.Tensor:
-    """``[2, len(KEYS)]`` float64: row 0 the sums of each key over this rank's structures, row 1 their counts
-    (NaN values, e.g. no long-range contact, are left out). ``batches`` are already on the model's device; the
-    model is the plain module, in eval mode, holding the weights to validate."""
+                    autocast: Callable[[], AbstractContextManager], beat: Callable[[str], None] = lambda _: None,
+                    real: int | None = None) -> torch.Tensor:
+    """``[2, len(KEYS)]`` float64: row 0 the sums of each key over the structures of the first ``real`` batches
+    (all when None; the others are run, not counted), row 1 their counts (NaN values, e.g. no long-range contact,
+    are left out). ``batches`` are already on the model's device; the model is the plain module, in eval mode,
+    holding the weights to validate."""
     sums = torch.zeros(2, len(KEYS), dtype=torch.float64)
     for i, batch in enumerate(batches):
         beat(f"validating batch {i}")
@@ -58,6 +61,8 @@ def validation_sums(model: nn.Module, batches: Iterable[dict], *, loss_cfg: Loss
         with autocast():
             out = model.sample(batch, n_recycles=n_recycles, steps=steps, samples=samples, generator=generator)
             forward = model(batch, n_recycles=n_recycles, generator=generator)
+        if real is not None and i >= real:
+            continue
         total, parts = compute_losses(forward, batch, loss_cfg)
         for row in score_batch(out, batch):
             for j, key in enumerate(METRICS):

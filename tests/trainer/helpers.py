@@ -1,8 +1,10 @@
-"""Helpers of the trainer tests: a tiny config, a small prepared data set, and train.py in a subprocess."""
+"""Helpers of the trainer tests: a tiny config, a small prepared data set, and train.py in a subprocess, on one
+process or several (``accelerate launch``, gloo on the CPU; FSDP2 on the CPU through :func:`train_fsdp_on_cpu`)."""
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -31,18 +33,63 @@ def tiny_overrides(prepared: Path, out_dir: Path, val_id: str, **extra) -> list[
     return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items()]
 
 
-def run_train(args: list[str], *, fault: str | None = None, timeout: float = 300,
-              launcher: list[str] | None = None) -> subprocess.CompletedProcess:
-    """``python train.py ARGS`` (or ``LAUNCHER train.py ARGS``) in the repository root; with ``fault``, the process
-    SIGKILLs itself at that point (MINI_OF3_FAULT, see mini_of3.training.checkpoint.fault_point)."""
+def run_train(args: list[str], *, fault: str | None = None, stall: str | None = None, timeout: float = 300,
+              launcher: list[str] | None = None, script: str = "train.py") -> subprocess.CompletedProcess:
+    """``python train.py ARGS`` (or ``LAUNCHER SCRIPT ARGS``, e.g. with :func:`launcher`) in the repository root;
+    with ``fault``, the process SIGKILLs itself at that point (MINI_OF3_FAULT), with ``stall`` (``<point>@<step>/
+    <rank>``) that rank hangs there (MINI_OF3_STALL; see mini_of3.training.checkpoint.fault_point)."""
     # one thread: on a shared 2-core machine, two OpenMP threads wait on each other whenever another job holds a core
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true",
            "OMP_NUM_THREADS": "1"}
-    env.pop("MINI_OF3_FAULT", None)
-    if fault is not None:
-        env["MINI_OF3_FAULT"] = fault
-    command = [*(launcher or [sys.executable]), "train.py", *map(str, args)]
+    for name, value in (("MINI_OF3_FAULT", fault), ("MINI_OF3_STALL", stall)):
+        env.pop(name, None)
+        if value is not None:
+            env[name] = value
+    command = [*(launcher or [sys.executable]), script, *map(str, args)]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def launcher(processes: int, *, fsdp: bool = False) -> list[str]:
+    """``accelerate launch`` of ``processes`` processes on this machine (gloo on the CPU), for :func:`run_train`.
+
+    DDP: ``--multi_gpu`` (``--cpu`` would start a single process). ``fsdp``: configs/accelerate/fsdp.yaml, with
+    :func:`train_fsdp_on_cpu` as the script (pass ``script=FSDP_ON_CPU``). A free port each time, so that test
+    sessions running side by side do not meet on accelerate's default port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes),
+               "--num_machines", "1", "--main_process_port", str(port), "--dynamo_backend", "no"]
+    if fsdp:
+        return [*command, "--config_file", str(REPO / "configs" / "accelerate" / "fsdp.yaml"), "-m"]
+    return [*command, "--multi_gpu", "--mixed_precision", "no"]
+
+
+FSDP_ON_CPU = "tests.trainer.helpers"          # the module that launcher(fsdp=True) runs: train_fsdp_on_cpu below
+
+
+def train_fsdp_on_cpu(argv: list[str]) -> int:
+    """train.py's main under FSDP2 on CPU processes. accelerate makes every multi-process CPU run plain DDP
+    (MULTI_CPU), even with an FSDP config; this turns the state it builds back into FSDP with the config's plugin,
+    so that the trainer's FSDP2 path (sharded DTensor weights and EMA, full-state checkpoints, validation through
+    the gathered ``sample``) runs on gloo. torch's fully_shard works on CPU device meshes."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    original = AcceleratorState.__init__
+
+    def init(self, *args, fsdp_plugin=None, **kwargs):
+        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.FSDP
+            self.fsdp_plugin = fsdp_plugin
+            PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+    AcceleratorState.__init__ = init
+    sys.path.insert(0, str(REPO))
+    import train
+
+    return train.main(argv)
 
 
 def log_rows(run_dir: Path, split: str = "train") -> list[dict]:
@@ -53,3 +100,7 @@ def log_rows(run_dir: Path, split: str = "train") -> list[dict]:
 def describe(done: subprocess.CompletedProcess) -> str:
     """The end of a finished process's output, for assertion messages."""
     return f"exit {done.returncode}\n--- stdout ---\n{done.stdout[-3000:]}\n--- stderr ---\n{done.stderr[-3000:]}"
+
+
+if __name__ == "__main__":                       # accelerate launch ... -m tests.trainer.helpers ARGS
+    sys.exit(train_fsdp_on_cpu(sys.argv[1:]))
