@@ -91,6 +91,19 @@ def _dot_split(p, x, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, TRANS_P: tl.co
 
 
 @triton.jit
+def _query_tile_program(J, H, I, BLOCK_J: tl.constexpr):
+    """(query tile, head, row, batch) of this program, query tile fastest, then head, then row: the programs in
+    flight share rows i (their k and v are read from HBM once) and the bias of every head stays in L2."""
+    pid = tl.program_id(0)
+    n_jb = tl.cdiv(J, BLOCK_J)
+    jb = pid % n_jb
+    h = (pid // n_jb) % H
+    i = (pid // (n_jb * H)) % I
+    b = pid // (n_jb * H * I)
+    return jb, h, i.to(tl.int64), b.to(tl.int64)
+
+
+@triton.jit
 def _fwd(Q, K, V, BIAS, MASK, BETA, O, O_LO, LSE,
          sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
          sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k,
@@ -99,16 +112,7 @@ def _fwd(Q, K, V, BIAS, MASK, BETA, O, O_LO, LSE,
          HAS_MASK: tl.constexpr, SIGMOID: tl.constexpr, STORE_LSE: tl.constexpr, STORE_LO: tl.constexpr,
          SPLIT_P: tl.constexpr, FAST_EXP: tl.constexpr,
          DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
-    # program order: query tile fastest, then head, then row: the programs in flight share rows i (their k and v
-    # are read from HBM once) and the bias of every head stays in L2.
-    pid = tl.program_id(0)
-    n_jb = tl.cdiv(J, BLOCK_J)
-    jb = pid % n_jb
-    h = (pid // n_jb) % H
-    i = (pid // (n_jb * H)) % I
-    b = pid // (n_jb * H * I)
-    b64 = b.to(tl.int64)
-    i64 = i.to(tl.int64)
+    jb, h, i64, b64 = _query_tile_program(J, H, I, BLOCK_J)
 
     offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
     offs_d = tl.arange(0, BLOCK_D)
@@ -163,14 +167,7 @@ def _fwd(Q, K, V, BIAS, MASK, BETA, O, O_LO, LSE,
 def _delta(O, O_LO, DO, DELTA,
            so_b, so_i, so_j, so_h, so_d, sd_b, sd_i, sd_j, sd_h, sd_d,
            I, J, H, HAS_LO: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr):
-    pid = tl.program_id(0)
-    n_jb = tl.cdiv(J, BLOCK_J)
-    jb = pid % n_jb
-    h = (pid // n_jb) % H
-    i = (pid // (n_jb * H)) % I
-    b = pid // (n_jb * H * I)
-    b64 = b.to(tl.int64)
-    i64 = i.to(tl.int64)
+    jb, h, i64, b64 = _query_tile_program(J, H, I, BLOCK_J)
     offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
     offs_d = tl.arange(0, BLOCK_D)
     o_base = b64 * so_b + i64 * so_i + h * so_h
