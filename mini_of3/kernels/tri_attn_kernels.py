@@ -321,7 +321,7 @@ def _bwd_dbias(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DBIAS,
         lse, delta = _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID)
         s2 = _dot(q, tl.trans(k), DOT_PREC) * scale2 + (bias2 + key_mask[None, :])
         dp = _dot(do, tl.trans(v), DOT_PREC)
-        p, ds = _probs_and_dscores(s2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
+        _, ds = _probs_and_dscores(s2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
         acc += ds
     out_ptrs = DBIAS + c.to(tl.int64) * so_c + b64 * so_b + h * so_h + offs_j[:, None] * so_j + offs_k[None, :] * so_k
     tl.store(out_ptrs, acc.to(DBIAS.dtype.element_ty), mask=tile_mask)

@@ -296,13 +296,12 @@ def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale:
     strides = (*q.stride(), *k.stride(), *v.stride(), *bias.stride(), *mask_strides, *do.stride())
     flags = dict(HAS_MASK=mask is not None, SIGMOID=sigmoid, DOT_PREC=dot_prec, BLOCK_D=D,
                  FAST_EXP=_use_fast_exp(config, device))
-    splits = dict(SPLIT_DS=split_ds)
     dqkv_args = (*common, dq_acc, dq, dk, dv, *strides, *dq.stride(), B, I, J, H, scale)
     if _autotune_enabled():
         kernel = _tuned_kernel("dqkv", K._bwd_dqkv, _bwd_configs(D), ("SPLIT_DS",))
-        kernel[(programs,)](*dqkv_args, _bucket(J), **splits, **flags)
+        kernel[(programs,)](*dqkv_args, _bucket(J), SPLIT_DS=split_ds, **flags)
     else:
-        K._bwd_dqkv[(programs,)](*dqkv_args, _bucket(J), **splits, **flags, BLOCK_J=config.bwd_block_j,
+        K._bwd_dqkv[(programs,)](*dqkv_args, _bucket(J), SPLIT_DS=split_ds, **flags, BLOCK_J=config.bwd_block_j,
                                   BLOCK_K=config.bwd_block_k, num_warps=config.bwd_warps,
                                   num_stages=config.bwd_stages)
 
