@@ -143,3 +143,45 @@ def test_backend_argument_errors():
             tri_mul_backend("mini_of3")
     assert build_model(tiny_config(tri_mul_backend="auto")).pairformer.blocks[0].tri_mul_out.update \
         is tri_mul_backend("torch")
+
+
+# ---- anchors through the real packages (GPU only; skipped where the package does not import) ----
+
+def _anchor_imports(name: str) -> bool:
+    try:
+        tab.import_anchor(name, *tab._ANCHOR_PACKAGES[name])
+        return True
+    except ImportError:
+        return False
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the anchors are CUDA kernels")
+@pytest.mark.parametrize("name", ["trifast", "cueq", "of3_triton"])
+def test_real_anchor_packages_match_the_torch_path(name):
+    """The same layer (starting and ending node, padded tokens, N = 70 not a tile multiple) through the installed
+    anchor package equals the torch path in bf16: outputs and the gradients of z and every parameter."""
+    if not _anchor_imports(name):
+        pytest.skip(f"{name} does not import here")
+    torch.manual_seed(0)
+    B, N, C = 2, 70, 32
+    token = torch.ones(B, N, dtype=torch.bool, device="cuda")
+    token[1, 57:] = False
+    pair = token[:, :, None] & token[:, None, :]
+    real = pair[..., None].expand(B, N, N, C)
+    for node in ("starting", "ending"):
+        ref = TriangleAttention(c_z=C, n_heads=4, c_hidden=32, node=node, backend="torch").cuda()
+        anchor = TriangleAttention(c_z=C, n_heads=4, c_hidden=32, node=node, backend=name).cuda()
+        anchor.load_state_dict(ref.state_dict())
+        z = torch.randn(B, N, N, C, device="cuda")
+        outs, grads = [], []
+        for layer in (ref, anchor):
+            zi = z.clone().requires_grad_()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = layer(zi, pair)
+            (out.float()[real] * torch.linspace(-1, 1, int(real.sum()), device="cuda")).sum().backward()
+            outs.append(out.float()[real])
+            grads.append([zi.grad[real]] + [p.grad for p in layer.parameters()])
+        torch.testing.assert_close(outs[1], outs[0], rtol=2e-2, atol=2e-2, msg=f"{name} {node} output")
+        for i, (g_anchor, g_ref) in enumerate(zip(grads[1], grads[0])):
+            err = (g_anchor.float() - g_ref.float()).norm() / g_ref.float().norm()
+            assert err < 3e-2, f"{name} {node} gradient {i}: relative error {err:.2e}"
