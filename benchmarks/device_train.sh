@@ -14,17 +14,6 @@ timeout -k 15 "${TRAIN_TIMEOUT:-400}" accelerate launch --num_processes 1 --num_
   trainer.max_steps="$steps" trainer.out_dir=$run trainer.checkpoint_every=100000 "$@" > "$OUT/train.log" 2>&1
 echo "train rc=$?"
 cp $run/log.jsonl $run/config.yaml "$OUT/" 2>/dev/null; cp $run/*.png "$OUT/" 2>/dev/null
-python3 - "$OUT/log.jsonl" <<'PY'
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-train = [r for r in rows if r.get("split") == "train"]
-val = [r for r in rows if r.get("split") != "train"]
-if train:
-    steady = [r["step_s"] for r in train[len(train) // 4:]]
-    k = max(1, len(train) // 10)
-    print(f"steps {len(train)}  median step {statistics.median(steady):.3f} s  peak {max(r.get('peak_mem_gib', 0) for r in train):.1f} GiB")
-    print(f"loss first {k}: {statistics.mean(r['loss'] for r in train[:k]):.3f}  last {k}: {statistics.mean(r['loss'] for r in train[-k:]):.3f}")
-for r in val:
-    print({key: (round(v, 3) if isinstance(v, float) else v) for key, v in r.items()})
-PY
+python3 benchmarks/train_summary.py "$OUT" --command "bash benchmarks/device_train.sh $config $steps $*" \
+  --out "$OUT/train_summary.json"
 tail -5 "$OUT/train.log"
