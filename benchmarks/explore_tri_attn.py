@@ -74,22 +74,22 @@ def main():
                 fwd_bwd(leaves, mask, do)
         torch.cuda.synchronize()
         return
-    variants = {
-        "v1 default (split, tl.exp2)": (LaunchConfig(**{**base.__dict__, "fast_exp": False}), {}),
-        "fast_exp": (LaunchConfig(**{**base.__dict__, "fast_exp": True}), {}),
-        "fast_exp, no split": (LaunchConfig(**{**base.__dict__, "fast_exp": True, "split": False}), {}),
-        "fast_exp, bf16 bias": (LaunchConfig(**{**base.__dict__, "fast_exp": True}), {"bias": "bf16"}),
-        "fast_exp, broadcast bias": (LaunchConfig(**{**base.__dict__, "fast_exp": True}), {"bias": "broadcast"}),
-        "fast_exp, no mask": (LaunchConfig(**{**base.__dict__, "fast_exp": True}), {"masked": False}),
-        "fwd 64x64 w4 s2, bwd 64x128 w4 s2": (LaunchConfig(64, 64, 4, 2, 64, 128, 4, 2, 64, 4, 1,
-                                                           fast_exp=True), {}),
-        "fwd 128x128 w8, bwd 128x64 w8": (LaunchConfig(128, 128, 8, 2, 128, 64, 8, 1, 64, 8, 1, fast_exp=True), {}),
-        "fwd 64x32 w4 s3, bwd 32x128 w4": (LaunchConfig(64, 32, 4, 3, 32, 128, 4, 1, 32, 4, 1, fast_exp=True), {}),
-        "fwd 128x64 w4 s3, bwd 64x64 w4 s2": (LaunchConfig(128, 64, 4, 3, 64, 64, 4, 2, 64, 4, 2, fast_exp=True),
-                                              {}),
-        "dbias 128 tiles w8": (LaunchConfig(**{**base.__dict__, "fast_exp": True, "dbias_block": 128,
-                                               "dbias_warps": 8}), {}),
-        "dbias 32 tiles w4": (LaunchConfig(**{**base.__dict__, "fast_exp": True, "dbias_block": 32}), {}),
+    fast = {**base.__dict__, "fast_exp": True}
+    variants = {   # session 2: what each remaining choice costs on the default fixed config
+        "default (split p and dS)": (LaunchConfig(**fast), {}),
+        "bf16 bias": (LaunchConfig(**fast), {"bias": "bf16"}),
+        "no split of p": (LaunchConfig(**{**fast, "split_p": False}), {}),
+        "no split": (LaunchConfig(**{**fast, "split_p": False, "split_ds": False}), {}),
+        "no mask": (LaunchConfig(**fast), {"masked": False}),
+        "fwd 128x32 w8 s2": (LaunchConfig(**{**fast, "fwd_block_j": 128, "fwd_block_k": 32, "fwd_warps": 8,
+                                               "fwd_stages": 2}), {}),
+        "fwd 64x32 w4 s2": (LaunchConfig(**{**fast, "fwd_stages": 2}), {}),
+        "fwd 128x64 w8 s2": (LaunchConfig(**{**fast, "fwd_block_j": 128, "fwd_block_k": 64, "fwd_warps": 8,
+                                               "fwd_stages": 2}), {}),
+        "bwd 64x64 w4 s1": (LaunchConfig(**{**fast, "bwd_stages": 1}), {}),
+        "bwd 64x32 w4 s2": (LaunchConfig(**{**fast, "bwd_block_k": 32}), {}),
+        "dbias 64 w8 s2": (LaunchConfig(**{**fast, "dbias_warps": 8}), {}),
+        "dbias 64 w4 s1": (LaunchConfig(**{**fast, "dbias_stages": 1}), {}),
     }
     rows = []
     for name, (config, kw) in list(variants.items())[:3 if args.quick else None]:

@@ -43,9 +43,14 @@ def _mini_of3(name: str, bias_fp32: bool = True, fixed: bool = False, split: boo
         return q, k, v, bias if bias_fp32 else bias.to(q.dtype), mask
 
     def call(q, k, v, bias, mask):
-        # the split choice is taken at the forward call and kept for its backward
+        # the split choice is taken at the forward call and kept for its backward; with split, the defaults (p split
+        # only when a backward follows, dS always)
         previous = {key: os.environ.get(key) for key in _SPLIT_ENV}
-        os.environ.update({key: "1" if split else "0" for key in _SPLIT_ENV})
+        for key in _SPLIT_ENV:
+            if split:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = "0"
         try:
             if fixed:
                 with launch_config(default_config(q.shape[-1])):

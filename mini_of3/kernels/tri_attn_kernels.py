@@ -42,6 +42,15 @@ def _key_mask(MASK, m_base, offs_k, sm_k, J, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
+def _row_shift(BETA, row, scale, SIGMOID: tl.constexpr):
+    """beta_i / scale for the sigmoid (beta enters the score next to the bias), 0 for softmax."""
+    if SIGMOID:
+        return tl.load(BETA + row) / scale
+    else:
+        return 0.0
+
+
+@triton.jit
 def _exp2(x, FAST: tl.constexpr):
     """2^x. FAST (GPU only) issues the special-function unit's ex2 directly, without the subnormal fix-up."""
     if FAST:
@@ -63,13 +72,13 @@ def _sigmoid2(x2, FAST: tl.constexpr):
 
 
 @triton.jit
-def _dot(a, b, DOT_PREC: tl.constexpr):
-    """a @ b accumulated in float32. DOT_PREC "upcast" (the interpreter, whose bf16 dot is wrong in triton 3.9)
-    multiplies the same values in float32, which is exact for 16-bit operands."""
+def _dot(a, b, DOT_PREC: tl.constexpr, acc=None):
+    """a @ b (+ acc) accumulated in float32. DOT_PREC "upcast" (the interpreter, whose bf16 dot is wrong in triton
+    3.9) multiplies the same values in float32, which is exact for 16-bit operands."""
     if DOT_PREC == "upcast":
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc=acc, input_precision="ieee")
     else:
-        return tl.dot(a, b, input_precision=DOT_PREC)
+        return tl.dot(a, b, acc=acc, input_precision=DOT_PREC)
 
 
 @triton.jit
@@ -123,29 +132,28 @@ def _fwd(Q, K, V, BIAS, MASK, BETA, O, O_LO, LSE,
     bias_base = BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j
     m_base = b64 * sm_b + i64 * sm_i
 
-    # scores in base 2: s2 = log2(e) * (scale * q.k + bias) (+ log2(e) * beta for sigmoid), -inf where masked
+    # scores t = q.k + (bias + beta for sigmoid) / scale, -inf where masked, with the bias term as the MMA's initial
+    # accumulator; in base 2 the score is s2 = t * scale2, applied inside the exponent's FMA (one op per score fewer)
     scale2 = scale * 1.4426950408889634
-    shift2 = 0.0
-    if SIGMOID:
-        shift2 = tl.load(BETA + b64 * I + i64) * 1.4426950408889634
-    else:
+    shift = _row_shift(BETA, b64 * I + i64, scale, SIGMOID)
+    if not SIGMOID:
         m_run = tl.full([BLOCK_J], float("-inf"), dtype=tl.float32)
         l_run = tl.zeros([BLOCK_J], dtype=tl.float32)
     acc = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
     for k0 in range(0, J, BLOCK_K):
         offs_k = k0 + offs_kt
-        key_mask = _key_mask(MASK, m_base, offs_k, sm_k, J, HAS_MASK) + shift2                  # [BK]
+        key_mask = _key_mask(MASK, m_base, offs_k, sm_k, J, HAS_MASK) + shift                   # [BK]
         k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                  # [BK, D]
         v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                  # [BK, D]
         bias = tl.load(bias_base + offs_k[None, :] * sb_k,
                        mask=(offs_j[:, None] < J) & (offs_k[None, :] < J), other=0.0).to(tl.float32)
-        s2 = _dot(q, tl.trans(k), DOT_PREC) * scale2 + (bias * 1.4426950408889634 + key_mask[None, :])
+        t = _dot(q, tl.trans(k), DOT_PREC, acc=bias * (1.0 / scale) + key_mask[None, :])       # [BJ, BK]
         if SIGMOID:
-            acc += _dot_split(_sigmoid2(s2, FAST_EXP), v, SPLIT_P, DOT_PREC)
+            acc += _dot_split(_sigmoid2(t * scale2, FAST_EXP), v, SPLIT_P, DOT_PREC)
         else:
-            m_new = tl.maximum(m_run, tl.max(s2, 1))
+            m_new = tl.maximum(m_run, tl.max(t, 1) * scale2)     # scale2 > 0: max(t) * scale2 = max(t * scale2)
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = _exp2(s2 - m_safe[:, None], FAST_EXP)
+            p = _exp2(t * scale2 - m_safe[:, None], FAST_EXP)
             alpha = _exp2(m_run - m_safe, FAST_EXP)
             l_run = l_run * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + _dot_split(p, v, SPLIT_P, DOT_PREC)
@@ -191,14 +199,14 @@ def _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID: tl.constexpr):
 
 
 @triton.jit
-def _probs_and_dscores(s2, dp, lse, delta, SIGMOID: tl.constexpr, FAST_EXP: tl.constexpr):
-    """p and dS = dL/d(score) of one tile from the base-2 scores s2 (-inf at masked keys) and dP = dO . v;
-    lse and delta come broadcast to the tile's shape (row statistics of the queries)."""
+def _probs_and_dscores(t, scale2, dp, lse, delta, SIGMOID: tl.constexpr, FAST_EXP: tl.constexpr):
+    """p and dS = dL/d(score) of one tile from the raw scores t (base-2 score t * scale2; -inf at masked keys) and
+    dP = dO . v; lse (base 2) and delta come broadcast to the tile's shape (row statistics of the queries)."""
     if SIGMOID:
-        p = _sigmoid2(s2, FAST_EXP)
+        p = _sigmoid2(t * scale2, FAST_EXP)
         ds = dp * p * (1.0 - p)
     else:
-        p = _exp2(s2 - lse, FAST_EXP)
+        p = _exp2(t * scale2 - lse, FAST_EXP)
         ds = p * (dp - delta)
     return p, ds
 
@@ -236,14 +244,12 @@ def _bwd_dqkv(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
         acc_base = DQ_ACC + tl.program_id(0).to(tl.int64) * J * BLOCK_D  # this program's dQ scratch row [J, D]
         g_base = b64 * sg_b + i64 * sg_i + h * sg_h                   # into DQ, DK, DV (same layout)
         scale2 = scale * 1.4426950408889634
-        shift2 = 0.0
-        if SIGMOID:
-            shift2 = tl.load(BETA + b64 * I + i64) * 1.4426950408889634
+        shift = _row_shift(BETA, b64 * I + i64, scale, SIGMOID)
 
         for k0 in range(0, J, BLOCK_K):
             tl.debug_barrier()   # every thread sees the dQ row as the last key tile left it
             offs_k = k0 + offs_kt
-            key_mask = _key_mask(MASK, m_base, offs_k, sm_k, J, HAS_MASK) + shift2
+            key_mask = _key_mask(MASK, m_base, offs_k, sm_k, J, HAS_MASK) + shift
             k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                   # [BK, D]
             v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                   # [BK, D]
             dk = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
@@ -260,9 +266,9 @@ def _bwd_dqkv(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
                 bias_t = tl.load(bias_base + offs_k[:, None] * sb_k + offs_j[None, :] * sb_j,
                                  mask=(offs_k[:, None] < J) & in_j[None, :], other=0.0).to(tl.float32)   # [BK, BJ]
                 lse, delta = _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID)
-                s2t = _dot(k, tl.trans(q), DOT_PREC) * scale2 + (bias_t * 1.4426950408889634 + key_mask[:, None])
+                tt = _dot(k, tl.trans(q), DOT_PREC, acc=bias_t * (1.0 / scale) + key_mask[:, None])   # [BK, BJ]
                 dpt = _dot(v, tl.trans(do), DOT_PREC)                                               # [BK, BJ]
-                pt, dst = _probs_and_dscores(s2t, dpt, lse[None, :], delta[None, :], SIGMOID, FAST_EXP)
+                pt, dst = _probs_and_dscores(tt, scale2, dpt, lse[None, :], delta[None, :], SIGMOID, FAST_EXP)
                 dv += _dot_split(pt, do, False, DOT_PREC)    # [BK, D]; p's rounding shows only in dv, as its own
                 dk += _dot_split(dst, q, SPLIT_DS, DOT_PREC)                                        # [BK, D]
                 acc_ptrs = acc_base + offs_j[:, None] * BLOCK_D + offs_d[None, :]
@@ -303,7 +309,7 @@ def _bwd_dbias(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DBIAS,
     tile_mask = in_j[:, None] & in_k[None, :]
     bias = tl.load(BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j + offs_k[None, :] * sb_k,
                    mask=tile_mask, other=0.0).to(tl.float32)
-    bias2 = bias * 1.4426950408889634
+    bias_t = bias * (1.0 / scale)      # the bias in raw-score units (t = q.k + bias / scale)
     scale2 = scale * 1.4426950408889634
     acc = tl.zeros([BLOCK_J, BLOCK_K], dtype=tl.float32)
     i_start = c * rows_per_chunk
@@ -314,14 +320,13 @@ def _bwd_dbias(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DBIAS,
         do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J)
         k = _load_tile(K + b64 * sk_b + i64 * sk_i + h * sk_h, offs_k, offs_d, sk_j, sk_d, J)
         v = _load_tile(V + b64 * sv_b + i64 * sv_i + h * sv_h, offs_k, offs_d, sv_j, sv_d, J)
-        key_mask = _key_mask(MASK, b64 * sm_b + i64 * sm_i, offs_k, sm_k, J, HAS_MASK)
-        if SIGMOID:
-            key_mask += tl.load(BETA + b64 * I + i64) * 1.4426950408889634
+        key_mask = _key_mask(MASK, b64 * sm_b + i64 * sm_i, offs_k, sm_k, J, HAS_MASK) + \
+            _row_shift(BETA, b64 * I + i64, scale, SIGMOID)
         row_base = ((b64 * H + h) * I + i64) * J
         lse, delta = _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID)
-        s2 = _dot(q, tl.trans(k), DOT_PREC) * scale2 + (bias2 + key_mask[None, :])
+        t = _dot(q, tl.trans(k), DOT_PREC, acc=bias_t + key_mask[None, :])
         dp = _dot(do, tl.trans(v), DOT_PREC)
-        _, ds = _probs_and_dscores(s2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
+        _, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
         acc += ds
     out_ptrs = DBIAS + c.to(tl.int64) * so_c + b64 * so_b + h * so_h + offs_j[:, None] * so_j + offs_k[None, :] * so_k
     tl.store(out_ptrs, acc.to(DBIAS.dtype.element_ty), mask=tile_mask)

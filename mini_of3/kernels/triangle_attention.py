@@ -113,7 +113,8 @@ class LaunchConfig:
     dbias_warps: int = 4
     dbias_stages: int = 1
     dbias_chunks: int | None = None   # None: as many chunks of rows as it takes to fill the GPU
-    split_p: bool | None = None       # hi+lo split of p in the forward's p @ v (None: MINI_OF3_SPLIT_P, default on)
+    split_p: bool | None = None       # hi+lo split of p in the forward's p @ v (None: MINI_OF3_SPLIT_P, default: on
+                                      # when the forward keeps residuals for a backward, off for inference)
     split_ds: bool | None = None      # hi+lo split of dS in dS @ k and dS^T @ q (None: MINI_OF3_SPLIT_DS, default on)
     fast_exp: bool | None = None      # ex2.approx.ftz / rcp.approx through inline PTX (None: on for CUDA)
 
@@ -151,7 +152,8 @@ def _autotune_enabled() -> bool:
 
 
 def _fwd_configs(head_dim: int) -> list[triton.Config]:
-    blocks = [(64, 32, 4, 3), (64, 64, 4, 2), (128, 64, 4, 3), (64, 32, 4, 2), (128, 32, 4, 3), (32, 64, 4, 2)]
+    blocks = [(64, 32, 4, 3), (64, 64, 4, 2), (128, 64, 4, 3), (64, 32, 4, 2), (128, 32, 4, 3), (32, 64, 4, 2),
+              (128, 32, 8, 2)]
     if head_dim == 64:
         blocks = [(64, 32, 4, 2), (64, 64, 4, 2), (32, 64, 4, 2), (32, 32, 4, 2)]
     elif head_dim == 128:
@@ -221,18 +223,20 @@ def _use_fast_exp(config: LaunchConfig, device: torch.device) -> bool:
     return os.environ.get("MINI_OF3_FAST_EXP", "1") != "0"
 
 
-def _use_split(config: LaunchConfig, dtype: torch.dtype, which: str) -> bool:
+def _use_split(config: LaunchConfig, dtype: torch.dtype, which: str, training: bool = True) -> bool:
     """hi + lo split of the float32 p ("p", the forward's p @ v) or dS ("ds", dS @ k and dS^T @ q) before the
-    16-bit matmuls; env MINI_OF3_SPLIT_P / MINI_OF3_SPLIT_DS = 0 turns one off. Both default on: p's rounding in the
-    forward would reach every gradient through delta = rowsum(dO * o) (dbias error 1e-3 instead of 1e-6), and dq, dk
-    sum dS with cancellation. The backward's p^T @ dO is not split: that rounding shows only in dv, at the size of
-    dv's own output rounding."""
+    16-bit matmuls; env MINI_OF3_SPLIT_P / MINI_OF3_SPLIT_DS = 0 or 1 forces one. By default both are on when a
+    backward follows: p's rounding in the forward would reach every gradient through delta = rowsum(dO * o) (dbias
+    error 1e-4 instead of 1e-6), and dq, dk sum dS with cancellation. A forward without a backward (inference) does
+    not split p: the output error is then 2.0e-3 instead of 1.7e-3 (bf16, NOTES.md) and the forward ~15 % faster.
+    The backward's p^T @ dO is not split: that rounding shows only in dv, at the size of dv's own output rounding."""
     if dtype == torch.float32:
         return False
     chosen = config.split_p if which == "p" else config.split_ds
     if chosen is not None:
         return chosen
-    return os.environ.get(f"MINI_OF3_SPLIT_{which.upper()}", "1") != "0"
+    env = os.environ.get(f"MINI_OF3_SPLIT_{which.upper()}", "")
+    return env != "0" if env else training
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -284,27 +288,10 @@ def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale:
             o, o_lo if o_lo.numel() else o, do, delta, *o.stride(), *do.stride(), I, J, H,
             HAS_LO=o_lo.numel() > 0, BLOCK_J=block_j, BLOCK_D=D, num_warps=4)
 
-    dq = _new((B, I, J, H, D), q.dtype, device)
-    dk = _new((B, I, J, H, D), q.dtype, device)
-    dv = _new((B, I, J, H, D), q.dtype, device)
-    # persistent programs for _bwd_dqkv, balanced: each takes the same number of rows (b, i, h) (at most one less)
-    rows = B * I * H
-    per_program = math.ceil(rows / (2 * _num_sms(device)))
-    programs = math.ceil(rows / per_program)
-    dq_acc = torch.empty((programs, J, D), dtype=torch.float32, device=device)   # one dQ scratch row per program
     common = (q, k, v, bias, mask_arg, beta_arg, do, lse, delta)
     strides = (*q.stride(), *k.stride(), *v.stride(), *bias.stride(), *mask_strides, *do.stride())
     flags = dict(HAS_MASK=mask is not None, SIGMOID=sigmoid, DOT_PREC=dot_prec, BLOCK_D=D,
                  FAST_EXP=_use_fast_exp(config, device))
-    dqkv_args = (*common, dq_acc, dq, dk, dv, *strides, *dq.stride(), B, I, J, H, scale)
-    if _autotune_enabled():
-        kernel = _tuned_kernel("dqkv", K._bwd_dqkv, _bwd_configs(D), ("SPLIT_DS",))
-        kernel[(programs,)](*dqkv_args, _bucket(J), SPLIT_DS=split_ds, **flags)
-    else:
-        K._bwd_dqkv[(programs,)](*dqkv_args, _bucket(J), SPLIT_DS=split_ds, **flags, BLOCK_J=config.bwd_block_j,
-                                  BLOCK_K=config.bwd_block_k, num_warps=config.bwd_warps,
-                                  num_stages=config.bwd_stages)
-
     # dbias = sum over rows i of dS. Rows are split into chunks so that the grid holds at least ~16 programs per SM
     # (whole waves: at N = 768 the 576 tiles alone fill 2.2 waves, a quarter of the last one idle); the chunk
     # partials (B*H*J*K float32 each) are summed afterwards in order.
@@ -327,6 +314,25 @@ def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale:
     if chunks > 1:
         n = dbias.numel()
         K._sum_chunks[(triton.cdiv(n, 1024),)](part, dbias, chunks, n, BLOCK=1024, num_warps=4)
+    del part
+
+    # dq, dk, dv after dbias, so that the chunk partials are freed before the three gradients are allocated
+    dq = _new((B, I, J, H, D), q.dtype, device)
+    dk = _new((B, I, J, H, D), q.dtype, device)
+    dv = _new((B, I, J, H, D), q.dtype, device)
+    # persistent programs for _bwd_dqkv, balanced: each takes the same number of rows (b, i, h) (at most one less)
+    rows = B * I * H
+    per_program = math.ceil(rows / (2 * _num_sms(device)))
+    programs = math.ceil(rows / per_program)
+    dq_acc = torch.empty((programs, J, D), dtype=torch.float32, device=device)   # one dQ scratch row per program
+    dqkv_args = (*common, dq_acc, dq, dk, dv, *strides, *dq.stride(), B, I, J, H, scale)
+    if _autotune_enabled():
+        kernel = _tuned_kernel("dqkv", K._bwd_dqkv, _bwd_configs(D), ("SPLIT_DS",))
+        kernel[(programs,)](*dqkv_args, _bucket(J), SPLIT_DS=split_ds, **flags)
+    else:
+        K._bwd_dqkv[(programs,)](*dqkv_args, _bucket(J), SPLIT_DS=split_ds, **flags, BLOCK_J=config.bwd_block_j,
+                                  BLOCK_K=config.bwd_block_k, num_warps=config.bwd_warps,
+                                  num_stages=config.bwd_stages)
     return dq, dk, dv, dbias
 
 
@@ -429,6 +435,6 @@ def triangle_attention(
             beta = torch.full((B, I), -math.log(J), dtype=torch.float32, device=q.device)
     residuals = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, bias))
     config = _override or default_config(D)
-    split_p, split_ds = _use_split(config, q.dtype, "p"), _use_split(config, q.dtype, "ds")
+    split_p, split_ds = _use_split(config, q.dtype, "p", residuals), _use_split(config, q.dtype, "ds")
     o, _, _ = _fwd_op(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds)
     return o
