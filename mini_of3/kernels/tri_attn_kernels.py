@@ -140,9 +140,13 @@ def _fwd(Q, K, V, BIAS, MASK, BETA, O, O_LO, LSE,
         m_run = tl.full([BLOCK_J], float("-inf"), dtype=tl.float32)
         l_run = tl.zeros([BLOCK_J], dtype=tl.float32)
     acc = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
+    # small loads (the key mask here, row statistics in the backward) are issued one iteration ahead by hand: the
+    # software pipeliner leaves them on the critical path (NOTES.md, session 2: the mask cost ~1 ms at N = 768)
+    key_mask_next = _key_mask(MASK, m_base, offs_kt, sm_k, J, HAS_MASK)
     for k0 in range(0, J, BLOCK_K):
         offs_k = k0 + offs_kt
-        key_mask = _key_mask(MASK, m_base, offs_k, sm_k, J, HAS_MASK) + shift                   # [BK]
+        key_mask = key_mask_next + shift                                                          # [BK]
+        key_mask_next = _key_mask(MASK, m_base, offs_k + BLOCK_K, sm_k, J, HAS_MASK)
         k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                  # [BK, D]
         v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                  # [BK, D]
         bias = tl.load(bias_base + offs_k[None, :] * sb_k,
@@ -246,10 +250,12 @@ def _bwd_dqkv(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
         scale2 = scale * 1.4426950408889634
         shift = _row_shift(BETA, b64 * I + i64, scale, SIGMOID)
 
+        key_mask_next = _key_mask(MASK, m_base, offs_kt, sm_k, J, HAS_MASK)
         for k0 in range(0, J, BLOCK_K):
             tl.debug_barrier()   # every thread sees the dQ row as the last key tile left it
             offs_k = k0 + offs_kt
-            key_mask = _key_mask(MASK, m_base, offs_k, sm_k, J, HAS_MASK) + shift
+            key_mask = key_mask_next + shift
+            key_mask_next = _key_mask(MASK, m_base, offs_k + BLOCK_K, sm_k, J, HAS_MASK)
             k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                   # [BK, D]
             v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                   # [BK, D]
             dk = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
@@ -258,14 +264,17 @@ def _bwd_dqkv(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
             rows_read = tl.where(k0 > 0, J, 0)
             rows_keep = tl.where(k0 + BLOCK_K < J, J, 0)
             rows_out = J - rows_keep
+            lse_next, delta_next = _row_stats(LSE, DELTA, row_base, offs_jt, offs_jt < J, SIGMOID)
             for j0 in range(0, J, BLOCK_J):
                 offs_j = j0 + offs_jt
                 in_j = offs_j < J
+                lse, delta = lse_next, delta_next
+                lse_next, delta_next = _row_stats(LSE, DELTA, row_base, offs_j + BLOCK_J, offs_j + BLOCK_J < J,
+                                                  SIGMOID)
                 q = _load_tile(q_base, offs_j, offs_d, sq_j, sq_d, J)                               # [BJ, D]
                 do = _load_tile(do_base, offs_j, offs_d, sd_j, sd_d, J)                             # [BJ, D]
                 bias_t = tl.load(bias_base + offs_k[:, None] * sb_k + offs_j[None, :] * sb_j,
                                  mask=(offs_k[:, None] < J) & in_j[None, :], other=0.0).to(tl.float32)   # [BK, BJ]
-                lse, delta = _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID)
                 tt = _dot(k, tl.trans(q), DOT_PREC, acc=bias_t * (1.0 / scale) + key_mask[:, None])   # [BK, BJ]
                 dpt = _dot(v, tl.trans(do), DOT_PREC)                                               # [BK, BJ]
                 pt, dst = _probs_and_dscores(tt, scale2, dpt, lse[None, :], delta[None, :], SIGMOID, FAST_EXP)
@@ -280,6 +289,18 @@ def _bwd_dqkv(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
             g_ptrs = g_base + offs_k[:, None] * sg_j + offs_d[None, :] * sg_d
             tl.store(DK + g_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=offs_k[:, None] < J)
             tl.store(DV + g_ptrs, dv.to(DV.dtype.element_ty), mask=offs_k[:, None] < J)
+
+
+@triton.jit
+def _dbias_row_vectors(MASK, BETA, LSE, DELTA, b64, h, i, I, J, H, scale, sm_b, sm_i, sm_k, offs_j, offs_k, in_j,
+                       HAS_MASK: tl.constexpr, SIGMOID: tl.constexpr):
+    """The additive key mask [BK] (with beta / scale for sigmoid) and lse, delta [BJ] of row i (row I - 1 past the
+    end: the prefetch after the last row reads a valid row and drops it)."""
+    i64 = tl.minimum(i, I - 1).to(tl.int64)
+    key_mask = _key_mask(MASK, b64 * sm_b + i64 * sm_i, offs_k, sm_k, J, HAS_MASK) + \
+        _row_shift(BETA, b64 * I + i64, scale, SIGMOID)
+    lse, delta = _row_stats(LSE, DELTA, ((b64 * H + h) * I + i64) * J, offs_j, in_j, SIGMOID)
+    return key_mask, lse, delta
 
 
 @triton.jit
@@ -314,16 +335,19 @@ def _bwd_dbias(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DBIAS,
     acc = tl.zeros([BLOCK_J, BLOCK_K], dtype=tl.float32)
     i_start = c * rows_per_chunk
     i_end = tl.minimum(i_start + rows_per_chunk, I)
+    # the key mask and row statistics of row i + 1 are loaded while row i is computed (by hand; see _fwd)
+    key_mask_next, lse_next, delta_next = _dbias_row_vectors(MASK, BETA, LSE, DELTA, b64, h, i_start, I, J, H, scale,
+                                                             sm_b, sm_i, sm_k, offs_j, offs_k, in_j, HAS_MASK, SIGMOID)
     for i in range(i_start, i_end):
         i64 = tl.cast(i, tl.int64)
+        key_mask, lse, delta = key_mask_next, lse_next, delta_next
+        key_mask_next, lse_next, delta_next = _dbias_row_vectors(MASK, BETA, LSE, DELTA, b64, h, i + 1, I, J, H,
+                                                                 scale, sm_b, sm_i, sm_k, offs_j, offs_k, in_j,
+                                                                 HAS_MASK, SIGMOID)
         q = _load_tile(Q + b64 * sq_b + i64 * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)
         do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J)
         k = _load_tile(K + b64 * sk_b + i64 * sk_i + h * sk_h, offs_k, offs_d, sk_j, sk_d, J)
         v = _load_tile(V + b64 * sv_b + i64 * sv_i + h * sv_h, offs_k, offs_d, sv_j, sv_d, J)
-        key_mask = _key_mask(MASK, b64 * sm_b + i64 * sm_i, offs_k, sm_k, J, HAS_MASK) + \
-            _row_shift(BETA, b64 * I + i64, scale, SIGMOID)
-        row_base = ((b64 * H + h) * I + i64) * J
-        lse, delta = _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID)
         t = _dot(q, tl.trans(k), DOT_PREC, acc=bias_t + key_mask[None, :])
         dp = _dot(do, tl.trans(v), DOT_PREC)
         _, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)

@@ -125,7 +125,7 @@ def default_config(head_dim: int) -> LaunchConfig:
     if _interpreting():
         return LaunchConfig(32, 32, 4, 1, 32, 32, 4, 1, 32, 4, 1)
     if head_dim <= 32:
-        return LaunchConfig(64, 32, 4, 3, 64, 64, 4, 2, 64, 4, 2)
+        return LaunchConfig(64, 32, 4, 3, 64, 64, 4, 1, 64, 4, 1)
     if head_dim == 64:
         return LaunchConfig(64, 32, 4, 2, 32, 64, 4, 2, 64, 4, 1)
     return LaunchConfig(32, 32, 4, 2, 32, 32, 4, 2, 32, 4, 1)
@@ -162,7 +162,7 @@ def _fwd_configs(head_dim: int) -> list[triton.Config]:
 
 
 def _bwd_configs(head_dim: int) -> list[triton.Config]:
-    blocks = [(64, 64, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2), (128, 64, 4, 2), (64, 128, 4, 2), (32, 32, 4, 2)]
+    blocks = [(64, 64, 4, 1), (64, 64, 4, 2), (32, 64, 4, 1), (32, 64, 4, 2), (64, 128, 8, 1), (32, 32, 4, 2)]
     if head_dim == 64:
         blocks = [(32, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2), (64, 64, 4, 2)]
     elif head_dim == 128:
@@ -171,7 +171,7 @@ def _bwd_configs(head_dim: int) -> list[triton.Config]:
 
 
 def _dbias_configs() -> list[triton.Config]:
-    return [triton.Config({}, num_warps=w, num_stages=s) for w, s in ((4, 1), (4, 2), (8, 2))]
+    return [triton.Config({}, num_warps=w, num_stages=s) for w, s in ((4, 1), (4, 2), (8, 1), (8, 2))]
 
 
 _tuned: dict[str, object] = {}
