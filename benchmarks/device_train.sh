@@ -9,8 +9,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 run=/tmp/run
-timeout -k 15 "${TRAIN_TIMEOUT:-400}" accelerate launch --num_processes 1 --num_machines 1 --mixed_precision bf16 \
-  --dynamo_backend no train.py "$config" wandb=false data.root=.device/data/cache data.cache_dir=.device/data/cache \
+# ACCELERATE_ARGS replaces the launcher's options, e.g. "--config_file configs/accelerate/fsdp.yaml --num_processes 1"
+timeout -k 15 "${TRAIN_TIMEOUT:-400}" accelerate launch \
+  ${ACCELERATE_ARGS:---num_processes 1 --num_machines 1 --mixed_precision bf16 --dynamo_backend no} train.py "$config" wandb=false data.root=.device/data/cache data.cache_dir=.device/data/cache \
   trainer.max_steps="$steps" trainer.out_dir=$run trainer.checkpoint_every=100000 "$@" > "$OUT/train.log" 2>&1
 echo "train rc=$?"
 cp $run/log.jsonl $run/config.yaml "$OUT/" 2>/dev/null; cp $run/*.png "$OUT/" 2>/dev/null

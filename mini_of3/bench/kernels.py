@@ -20,6 +20,7 @@ from mini_of3.bench.anchors import FACTORIES, Impl, load_impls
 from mini_of3.bench.common import (median_ms, package_versions, peak_mib, print_table, rel_err, result_header,
                                    write_json)
 from mini_of3.kernels import triangle_attention_ref
+from mini_of3.kernels.triangle_attention import autotuned_configs
 
 GRAD_NAMES = ("o", "dq", "dk", "dv", "dbias")
 # The floor at N = 768, H = 4, D = 32 named in issue 3 (one exp per score on the special-function units for the
@@ -165,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
                 write_json(result, out / f"{stem}.json")
             reference = None
             torch.cuda.empty_cache()
+    result["autotuned"] = autotuned_configs()
+    write_json(result, out / f"{stem}.json")
     rows = [r for r in result["rows"] if "error" not in r]
     plot(rows, out / f"{stem}.png")
     print()

@@ -125,7 +125,7 @@ def default_config(head_dim: int) -> LaunchConfig:
     if _interpreting():
         return LaunchConfig(32, 32, 4, 1, 32, 32, 4, 1, 32, 4, 1)
     if head_dim <= 32:
-        return LaunchConfig(64, 32, 4, 3, 64, 64, 4, 1, 64, 4, 1)
+        return LaunchConfig(64, 32, 4, 3, 64, 128, 8, 1, 64, 4, 2)
     if head_dim == 64:
         return LaunchConfig(64, 32, 4, 2, 32, 64, 4, 2, 64, 4, 1)
     return LaunchConfig(32, 32, 4, 2, 32, 32, 4, 2, 32, 4, 1)
@@ -185,6 +185,12 @@ def _tuned_kernel(name: str, kernel, configs, extra_key: tuple[str, ...] = ()):
         except TypeError:
             _tuned[name] = triton.autotune(configs=configs, key=key)(kernel)
     return _tuned[name]
+
+
+def autotuned_configs() -> dict[str, dict[str, str]]:
+    """What the autotuner chose so far, per kernel and key (for benchmark records)."""
+    return {name: {str(key): str(config) for key, config in getattr(kernel, "cache", {}).items()}
+            for name, kernel in _tuned.items()}
 
 
 def _bucket(n: int) -> int:
