@@ -290,7 +290,8 @@ class Trainer:
                 slot = self._slot(micro)
                 torch.manual_seed(derived_seed(cfg.seed, 3, step, slot))   # dropout: a function of (seed, step, slot)
                 with self.acc.accumulate(self.model):
-                    outputs = self.model(batch, n_recycles=recycles, generator=self._generator(0, step, slot))
+                    with self.acc.autocast():   # FSDP2 casts the parameters to bf16 but does not autocast the forward
+                        outputs = self.model(batch, n_recycles=recycles, generator=self._generator(0, step, slot))
                     loss, parts = compute_losses(outputs, batch, cfg.loss)
                     self.acc.backward(loss)
                 sums += torch.stack([loss.detach(), *(parts[p] for p in PARTS)]).double().cpu()
