@@ -190,3 +190,17 @@ def test_a_stalled_rank_ends_the_run_with_a_message(small_data, tmp_path):
     assert "resume with trainer.resume=auto" in done.stderr
     assert "Timed out waiting" not in done.stderr                        # gloo's bare timeout did not come first
     assert [r["step"] for r in log_rows(out)] == [1, 2] and elapsed < 60
+
+
+def test_fsdp_in_bf16_trains(small_data, tmp_path):
+    """FSDP2 with trainer.mixed_precision=bf16 (how configs/accelerate/fsdp.yaml and of3_trunk.yaml run on GPUs)
+    trains on 2 CPU ranks. On the H200 (accelerate 1.15, CUDA) the first step once failed on a float32 input to a
+    bf16 layer norm until the trainer autocast its forward itself; that failure does not reproduce on the CPU (this
+    test passes without the fix), so the GPU run in benchmarks/results/train_fsdp1gpu_of3_trunk768_*.json is its
+    evidence, and this test guards the CPU side of the same path."""
+    out = tmp_path / "fsdp_bf16"
+    done = run_train(overrides(small_data, out, trainer__max_steps=2, trainer__mixed_precision="bf16",
+                               trainer__stall_timeout_s=60), launcher=launcher(2, fsdp=True), script=FSDP_ON_CPU)
+    assert done.returncode == 0, describe(done)
+    rows = log_rows(out)
+    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)
