@@ -320,7 +320,7 @@ def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale:
     if chunks > 1:
         n = dbias.numel()
         K._sum_chunks[(triton.cdiv(n, 1024),)](part, dbias, chunks, n, BLOCK=1024, num_warps=4)
-    del part
+    del part, dbias_args     # the partials' memory goes back before dq, dk, dv are allocated (36 MiB at N = 768)
 
     # dq, dk, dv after dbias, so that the chunk partials are freed before the three gradients are allocated
     dq = _new((B, I, J, H, D), q.dtype, device)
