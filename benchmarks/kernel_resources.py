@@ -33,7 +33,7 @@ from mini_of3.kernels.triangle_attention import _bwd_configs, _fwd_configs  # no
 TARGET = GPUTarget("cuda", 90, 32)
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 UNIT_STRIDES = ("sq_d", "sk_d", "sv_d", "so_d", "sd_d", "sg_d", "sb_k", "sm_k", "so_k")
-POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", BIAS="*fp32", MASK="*i1", BETA="*fp32", O="*bf16", O_LO="*bf16",
+POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", BIAS="*fp32", KEY_BIAS="*fp32", O="*bf16", O_LO="*bf16",
                 LSE="*fp32", DO="*bf16", DELTA="*fp32", DQ_ACC="*fp32", DQ="*bf16", DK="*bf16", DV="*bf16",
                 DBIAS="*fp32")
 
@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--maxnreg", type=int, default=None)
     args = parser.parse_args()
     d = args.head_dim
-    common = dict(HAS_MASK=True, SIGMOID=False, FAST_EXP=True, DOT_PREC="tf32", BLOCK_D=d)
+    common = dict(HAS_KEY_BIAS=True, SIGMOID=False, FAST_EXP=True, DOT_PREC="tf32", BLOCK_D=d)
     jobs = []
     if args.kernel in ("fwd", "all"):
         for c in _fwd_configs(d):

@@ -1,8 +1,10 @@
 """Triton kernels of the fused triangle attention (AF3 SI Alg 14/15, the attention with a pair bias).
 
 The problem is B*I*H independent attentions of J queries over K = J keys, all rows i of one (b, h) sharing one bias
-tile set [J, K]. Layouts (DESIGN.md): q, k, v, o [B, I, J, H, D] with any strides; bias [B, H, J, K]; mask [B, I, K];
-row statistics lse and delta [B, H, I, J] float32, the log-sum-exp kept in base 2.
+tile set [J, K]. Layouts (DESIGN.md): q, k, v, o [B, I, J, H, D] with any strides; bias [B, H, J, K]; the key bias
+[B, I, K] float32 (the mask as 0 / -inf plus, for sigmoid, beta_i / scale: one 4-byte load per key, built on the host);
+row statistics lse and delta [B, H, I, J] float32, the log-sum-exp kept in base 2. Scores are kept raw,
+t = q.k + (bias / scale) + key bias, and enter the base-2 exponent as t * scale * log2(e).
 
 Kernels:
     _fwd            one program per (query tile jb, head h, row i, batch b); online softmax or plain sigmoid.
@@ -33,21 +35,13 @@ def _load_tile(ptr, offs_rows, offs_d, stride_row, stride_d, n_rows):
 
 
 @triton.jit
-def _key_mask(MASK, m_base, offs_k, sm_k, J, HAS_MASK: tl.constexpr):
-    """Additive key mask [BK]: 0 where the key is valid, -inf where it is masked out or past the end."""
-    valid = offs_k < J
-    if HAS_MASK:
-        valid = valid & (tl.load(MASK + m_base + offs_k * sm_k, mask=offs_k < J, other=0) != 0)
-    return tl.where(valid, 0.0, float("-inf"))
-
-
-@triton.jit
-def _row_shift(BETA, row, scale, SIGMOID: tl.constexpr):
-    """beta_i / scale for the sigmoid (beta enters the score next to the bias), 0 for softmax."""
-    if SIGMOID:
-        return tl.load(BETA + row) / scale
+def _key_mask(KEY_BIAS, m_base, offs_k, sm_k, J, HAS_KEY_BIAS: tl.constexpr):
+    """The additive key term [BK] of the raw scores: the row's key bias (0 or -inf from the mask, plus beta / scale
+    for sigmoid; float32, built once per call on the host), -inf past the end."""
+    if HAS_KEY_BIAS:
+        return tl.load(KEY_BIAS + m_base + offs_k * sm_k, mask=offs_k < J, other=float("-inf"))
     else:
-        return 0.0
+        return tl.where(offs_k < J, 0.0, float("-inf"))
 
 
 @triton.jit
@@ -113,12 +107,12 @@ def _query_tile_program(J, H, I, BLOCK_J: tl.constexpr):
 
 
 @triton.jit
-def _fwd(Q, K, V, BIAS, MASK, BETA, O, O_LO, LSE,
+def _fwd(Q, K, V, BIAS, KEY_BIAS, O, O_LO, LSE,
          sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
          sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k,
          so_b, so_i, so_j, so_h, so_d,
          B, I, J, H, scale, J_BUCKET,
-         HAS_MASK: tl.constexpr, SIGMOID: tl.constexpr, STORE_LSE: tl.constexpr, STORE_LO: tl.constexpr,
+         HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, STORE_LSE: tl.constexpr, STORE_LO: tl.constexpr,
          SPLIT_P: tl.constexpr, FAST_EXP: tl.constexpr,
          DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     jb, h, i64, b64 = _query_tile_program(J, H, I, BLOCK_J)
@@ -135,18 +129,17 @@ def _fwd(Q, K, V, BIAS, MASK, BETA, O, O_LO, LSE,
     # scores t = q.k + (bias + beta for sigmoid) / scale, -inf where masked, with the bias term as the MMA's initial
     # accumulator; in base 2 the score is s2 = t * scale2, applied inside the exponent's FMA (one op per score fewer)
     scale2 = scale * 1.4426950408889634
-    shift = _row_shift(BETA, b64 * I + i64, scale, SIGMOID)
     if not SIGMOID:
         m_run = tl.full([BLOCK_J], float("-inf"), dtype=tl.float32)
         l_run = tl.zeros([BLOCK_J], dtype=tl.float32)
     acc = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
     # small loads (the key mask here, row statistics in the backward) are issued one iteration ahead by hand: the
     # software pipeliner leaves them on the critical path (NOTES.md, session 2: the mask cost ~1 ms at N = 768)
-    key_mask_next = _key_mask(MASK, m_base, offs_kt, sm_k, J, HAS_MASK)
+    key_mask_next = _key_mask(KEY_BIAS, m_base, offs_kt, sm_k, J, HAS_KEY_BIAS)
     for k0 in range(0, J, BLOCK_K):
         offs_k = k0 + offs_kt
-        key_mask = key_mask_next + shift                                                          # [BK]
-        key_mask_next = _key_mask(MASK, m_base, offs_k + BLOCK_K, sm_k, J, HAS_MASK)
+        key_mask = key_mask_next                                                                  # [BK]
+        key_mask_next = _key_mask(KEY_BIAS, m_base, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
         k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                  # [BK, D]
         v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                  # [BK, D]
         bias = tl.load(bias_base + offs_k[None, :] * sb_k,
@@ -216,12 +209,12 @@ def _probs_and_dscores(t, scale2, dp, lse, delta, SIGMOID: tl.constexpr, FAST_EX
 
 
 @triton.jit
-def _bwd_dqkv(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
+def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
               sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
               sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
               sg_b, sg_i, sg_j, sg_h, sg_d,
               B, I, J, H, scale, J_BUCKET,
-              HAS_MASK: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
+              HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
               FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
               BLOCK_D: tl.constexpr):
     # Tiles are computed transposed, [key, query] (as FlashAttention-2's backward): p^T and dS^T are then the
@@ -248,14 +241,13 @@ def _bwd_dqkv(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
         acc_base = DQ_ACC + tl.program_id(0).to(tl.int64) * J * BLOCK_D  # this program's dQ scratch row [J, D]
         g_base = b64 * sg_b + i64 * sg_i + h * sg_h                   # into DQ, DK, DV (same layout)
         scale2 = scale * 1.4426950408889634
-        shift = _row_shift(BETA, b64 * I + i64, scale, SIGMOID)
 
-        key_mask_next = _key_mask(MASK, m_base, offs_kt, sm_k, J, HAS_MASK)
+        key_mask_next = _key_mask(KEY_BIAS, m_base, offs_kt, sm_k, J, HAS_KEY_BIAS)
         for k0 in range(0, J, BLOCK_K):
             tl.debug_barrier()   # every thread sees the dQ row as the last key tile left it
             offs_k = k0 + offs_kt
-            key_mask = key_mask_next + shift
-            key_mask_next = _key_mask(MASK, m_base, offs_k + BLOCK_K, sm_k, J, HAS_MASK)
+            key_mask = key_mask_next
+            key_mask_next = _key_mask(KEY_BIAS, m_base, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
             k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                   # [BK, D]
             v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                   # [BK, D]
             dk = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
@@ -292,24 +284,23 @@ def _bwd_dqkv(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
 
 
 @triton.jit
-def _dbias_row_vectors(MASK, BETA, LSE, DELTA, b64, h, i, I, J, H, scale, sm_b, sm_i, sm_k, offs_j, offs_k, in_j,
-                       HAS_MASK: tl.constexpr, SIGMOID: tl.constexpr):
-    """The additive key mask [BK] (with beta / scale for sigmoid) and lse, delta [BJ] of row i (row I - 1 past the
-    end: the prefetch after the last row reads a valid row and drops it)."""
+def _dbias_row_vectors(KEY_BIAS, LSE, DELTA, b64, h, i, I, J, H, sm_b, sm_i, sm_k, offs_j, offs_k, in_j,
+                       HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr):
+    """The additive key term [BK] and lse, delta [BJ] of row i (row I - 1 past the end: the prefetch after the last
+    row reads a valid row and drops it)."""
     i64 = tl.minimum(i, I - 1).to(tl.int64)
-    key_mask = _key_mask(MASK, b64 * sm_b + i64 * sm_i, offs_k, sm_k, J, HAS_MASK) + \
-        _row_shift(BETA, b64 * I + i64, scale, SIGMOID)
+    key_mask = _key_mask(KEY_BIAS, b64 * sm_b + i64 * sm_i, offs_k, sm_k, J, HAS_KEY_BIAS)
     lse, delta = _row_stats(LSE, DELTA, ((b64 * H + h) * I + i64) * J, offs_j, in_j, SIGMOID)
     return key_mask, lse, delta
 
 
 @triton.jit
-def _bwd_dbias(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DBIAS,
+def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DBIAS,
                sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
                sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
                so_c, so_b, so_h, so_j, so_k,
                B, I, J, H, scale, rows_per_chunk, J_BUCKET,
-               HAS_MASK: tl.constexpr, SIGMOID: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr,
+               HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr,
                BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     # program order: key tile fastest, then query tile, head, batch, and the chunk of rows slowest, so that the
     # programs in flight walk the same rows i together and read each row's q, k, v, dO from HBM once.
@@ -336,14 +327,14 @@ def _bwd_dbias(Q, K, V, BIAS, MASK, BETA, DO, LSE, DELTA, DBIAS,
     i_start = c * rows_per_chunk
     i_end = tl.minimum(i_start + rows_per_chunk, I)
     # the key mask and row statistics of row i + 1 are loaded while row i is computed (by hand; see _fwd)
-    key_mask_next, lse_next, delta_next = _dbias_row_vectors(MASK, BETA, LSE, DELTA, b64, h, i_start, I, J, H, scale,
-                                                             sm_b, sm_i, sm_k, offs_j, offs_k, in_j, HAS_MASK, SIGMOID)
+    key_mask_next, lse_next, delta_next = _dbias_row_vectors(KEY_BIAS, LSE, DELTA, b64, h, i_start, I, J, H, sm_b,
+                                                             sm_i, sm_k, offs_j, offs_k, in_j, HAS_KEY_BIAS, SIGMOID)
     for i in range(i_start, i_end):
         i64 = tl.cast(i, tl.int64)
         key_mask, lse, delta = key_mask_next, lse_next, delta_next
-        key_mask_next, lse_next, delta_next = _dbias_row_vectors(MASK, BETA, LSE, DELTA, b64, h, i + 1, I, J, H,
-                                                                 scale, sm_b, sm_i, sm_k, offs_j, offs_k, in_j,
-                                                                 HAS_MASK, SIGMOID)
+        key_mask_next, lse_next, delta_next = _dbias_row_vectors(KEY_BIAS, LSE, DELTA, b64, h, i + 1, I, J, H,
+                                                                 sm_b, sm_i, sm_k, offs_j, offs_k, in_j,
+                                                                 HAS_KEY_BIAS, SIGMOID)
         q = _load_tile(Q + b64 * sq_b + i64 * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)
         do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J)
         k = _load_tile(K + b64 * sk_b + i64 * sk_i + h * sk_h, offs_k, offs_d, sk_j, sk_d, J)

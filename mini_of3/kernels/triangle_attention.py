@@ -179,7 +179,7 @@ _tuned: dict[str, object] = {}
 
 def _tuned_kernel(name: str, kernel, configs, extra_key: tuple[str, ...] = ()):
     if name not in _tuned:
-        key = ["J_BUCKET", "BLOCK_D", "HAS_MASK", "SIGMOID", *extra_key]
+        key = ["J_BUCKET", "BLOCK_D", "HAS_KEY_BIAS", "SIGMOID", *extra_key]
         try:   # the chosen configs persist in Triton's cache across processes (triton >= 3.2)
             _tuned[name] = triton.autotune(configs=configs, key=key, cache_results=True)(kernel)
         except TypeError:
@@ -249,6 +249,26 @@ def _use_split(config: LaunchConfig, dtype: torch.dtype, which: str, training: b
 # forward and backward launchers
 
 
+def _key_bias(mask: torch.Tensor | None, beta: torch.Tensor | None, scale: float, shape: tuple[int, int, int],
+              device: torch.device) -> torch.Tensor | None:
+    """The per-key term of the raw scores, [B, I, K] float32: -inf at masked keys, plus beta_i / scale for sigmoid;
+    None when there is neither. One 4-byte load per key in the kernels, which the pipeliner can prefetch (a bool
+    mask, 1 byte per key, cost ~1 ms at N = 768 in the dbias kernel's serial row loop; NOTES.md, session 2)."""
+    if mask is None and beta is None:
+        return None
+    if mask is None:
+        return (beta / scale)[:, :, None].expand(shape)                 # [B, I, K], stride 0 over keys
+    key_bias = torch.where(mask, 0.0, float("-inf")).to(torch.float32)  # [B, I, K]
+    return key_bias if beta is None else key_bias + (beta / scale)[:, :, None]
+
+
+def _key_bias_args(key_bias: torch.Tensor | None, fallback: torch.Tensor) -> tuple:
+    """(pointer, strides) for the kernels; any tensor stands in for an absent key bias (never read)."""
+    if key_bias is None:
+        return fallback, (0, 0, 0)
+    return key_bias, key_bias.stride()
+
+
 def _forward(q, k, v, bias, mask, beta, sigmoid: bool, scale: float, residuals: bool, split_p: bool):
     B, I, J, H, D = q.shape
     config = _override or default_config(D)
@@ -256,12 +276,12 @@ def _forward(q, k, v, bias, mask, beta, sigmoid: bool, scale: float, residuals: 
     store_residuals = residuals and not sigmoid
     o_lo = _new((B, I, J, H, D), q.dtype, q.device) if store_residuals and q.dtype != torch.float32 else o.new_empty(0)
     lse = _new((B, H, I, J), torch.float32, q.device) if store_residuals else o.new_empty(0, dtype=torch.float32)
-    mask_arg = mask if mask is not None else q
-    mask_strides = mask.stride() if mask is not None else (0, 0, 0)
-    args = (q, k, v, bias, mask_arg, beta if beta is not None else q, o, o_lo if o_lo.numel() else o,
+    key_bias = _key_bias(mask, beta, scale, (B, I, J), q.device)
+    kb_arg, kb_strides = _key_bias_args(key_bias, q)
+    args = (q, k, v, bias, kb_arg, o, o_lo if o_lo.numel() else o,
             lse if lse.numel() else o,
-            *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *mask_strides, *o.stride(), B, I, J, H, scale)
-    flags = dict(HAS_MASK=mask is not None, SIGMOID=sigmoid, STORE_LSE=store_residuals, STORE_LO=o_lo.numel() > 0,
+            *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *o.stride(), B, I, J, H, scale)
+    flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, STORE_LSE=store_residuals, STORE_LO=o_lo.numel() > 0,
                  SPLIT_P=split_p, FAST_EXP=_use_fast_exp(config, q.device),
                  DOT_PREC=_dot_precision(q.dtype),
                  BLOCK_D=D)
@@ -280,9 +300,8 @@ def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale:
     B, I, J, H, D = q.shape
     config = _override or default_config(D)
     device = q.device
-    mask_arg = mask if mask is not None else q
-    mask_strides = mask.stride() if mask is not None else (0, 0, 0)
-    beta_arg = beta if beta is not None else q
+    key_bias = _key_bias(mask, beta, scale, (B, I, J), device)
+    kb_arg, kb_strides = _key_bias_args(key_bias, q)
     dot_prec = _dot_precision(q.dtype)
 
     if sigmoid:
@@ -294,9 +313,9 @@ def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale:
             o, o_lo if o_lo.numel() else o, do, delta, *o.stride(), *do.stride(), I, J, H,
             HAS_LO=o_lo.numel() > 0, BLOCK_J=block_j, BLOCK_D=D, num_warps=4)
 
-    common = (q, k, v, bias, mask_arg, beta_arg, do, lse, delta)
-    strides = (*q.stride(), *k.stride(), *v.stride(), *bias.stride(), *mask_strides, *do.stride())
-    flags = dict(HAS_MASK=mask is not None, SIGMOID=sigmoid, DOT_PREC=dot_prec, BLOCK_D=D,
+    common = (q, k, v, bias, kb_arg, do, lse, delta)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *do.stride())
+    flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, DOT_PREC=dot_prec, BLOCK_D=D,
                  FAST_EXP=_use_fast_exp(config, device))
     # dbias = sum over rows i of dS. Rows are split into chunks so that the grid holds at least ~16 programs per SM
     # (whole waves: at N = 768 the 576 tiles alone fill 2.2 waves, a quarter of the last one idle); the chunk
