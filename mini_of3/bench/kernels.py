@@ -1,7 +1,8 @@
 """``python -m mini_of3.bench kernels``: triangle attention, mini_of3 against every anchor, side by side, one process.
 
 For each N and D: forward and forward+backward time (median of CUDA-event timings after warm-up and autotuning,
-three input sets rotated), TFLOP/s (forward 4*B*I*H*J*K*D, forward+backward 3.5x), peak memory, relative error of
+three input sets rotated; the implementations interleaved over ``--rounds`` rounds, the median round reported with
+the spread of the rounds), TFLOP/s (forward 4*B*I*H*J*K*D, forward+backward 3.5x), peak memory, relative error of
 the output and the four gradients against a float64 reference (computed in chunks of rows), and whether five
 repeats are bitwise identical. Inputs: B = 1, H = 4, bf16 q/k/v, float32 bias (cast to bf16 for the anchors that
 take only the input dtype), the last N/16 keys masked out.
@@ -12,6 +13,8 @@ import argparse
 import json
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -62,20 +65,54 @@ def run_grads(impl: Impl, native, do_native) -> list[torch.Tensor]:
     return [impl.back(o.detach(), "qkvo")] + [impl.back(g, "qkvo") for g in grads[:3]] + [impl.back(grads[3], "bias")]
 
 
-def measure(impl: Impl, n: int, d: int, heads: int, *, check: bool, reference, reps: int) -> dict:
+@dataclass
+class Prepared:
+    """One implementation at one shape: its inputs in its native layout and the two timed closures."""
+    impl: Impl
+    row: dict
+    natives: list
+    dos: list
+    fwd: Callable[[int], object]
+    fwdbwd: Callable[[int], object]
+
+
+def prepare(impl: Impl, n: int, d: int, heads: int) -> Prepared:
     row = {"impl": impl.name, "N": n, "D": d, "H": heads, "dtype": "bf16", "bias_dtype": impl.bias_dtype}
     sets = [make_inputs(n, d, heads, seed) for seed in range(3)]
     natives = [impl.native(*s[:5]) for s in sets]
     dos = [impl.native(s[5], s[5], s[5], s[3], s[4])[0] for s in sets]   # dO laid out as the impl's q
-    with torch.no_grad():
-        row["fwd_ms"] = median_ms(lambda r: impl.call(*natives[r]), reps=reps, rotate=3)
     leaves = [[t.detach().clone().requires_grad_(True) for t in nat[:4]] for nat in natives]
+
+    def fwd(r):
+        with torch.no_grad():
+            impl.call(*natives[r])
 
     def fwdbwd(r):
         o = impl.call(*leaves[r], natives[r][4])
         torch.autograd.grad(o, leaves[r], dos[r])
-    row["fwdbwd_ms"] = median_ms(fwdbwd, reps=reps, rotate=3)
-    row["peak_mib"] = peak_mib(lambda: fwdbwd(0))
+    return Prepared(impl, row, natives, dos, fwd, fwdbwd)
+
+
+def time_rounds(prepared: list[Prepared], rounds: int, reps: int) -> None:
+    """Fwd and fwd+bwd times of every implementation, interleaved: in each round every implementation is timed once
+    (the order rotated per round), so that clock and thermal drift over the run touch all of them alike; the row gets
+    the median over rounds and the spread (min, max) of the round medians."""
+    times = {id(p): {"fwd_ms": [], "fwdbwd_ms": []} for p in prepared}
+    for r in range(rounds):
+        for p in prepared[r % len(prepared):] + prepared[:r % len(prepared)]:
+            times[id(p)]["fwd_ms"].append(median_ms(p.fwd, reps=reps, rotate=3))
+            times[id(p)]["fwdbwd_ms"].append(median_ms(p.fwdbwd, reps=reps, rotate=3))
+    for p in prepared:
+        for key, values in times[id(p)].items():
+            values = sorted(values)
+            p.row[key] = values[len(values) // 2]
+            p.row[key.replace("_ms", "_spread_ms")] = [values[0], values[-1]]
+
+
+def finish(p: Prepared, *, check: bool, reference) -> dict:
+    """Peak memory, throughput, floor ratios and (with ``check``) errors and the bitwise repeat check of one row."""
+    row, n, d, heads = p.row, p.row["N"], p.row["D"], p.row["H"]
+    row["peak_mib"] = peak_mib(lambda: p.fwdbwd(0))
     flops = 4 * n**3 * heads * d
     row["fwd_tflops"] = flops / row["fwd_ms"] / 1e9
     row["fwdbwd_tflops"] = 3.5 * flops / row["fwdbwd_ms"] / 1e9
@@ -83,11 +120,11 @@ def measure(impl: Impl, n: int, d: int, heads: int, *, check: bool, reference, r
     row["floor_ratio_fwd"] = row["fwd_ms"] / (FLOOR_768_MS["fwd"] * floor_scale)
     row["floor_ratio_fwdbwd"] = row["fwdbwd_ms"] / (FLOOR_768_MS["fwdbwd"] * floor_scale)
     if check:
-        first = run_grads(impl, natives[0], dos[0])
+        first = run_grads(p.impl, p.natives[0], p.dos[0])
         row["err"] = {name: rel_err(g, r) for name, g, r in zip(GRAD_NAMES, first, reference)}
         same = {name: True for name in GRAD_NAMES}
         for _ in range(4):   # five runs in all
-            again = run_grads(impl, natives[0], dos[0])
+            again = run_grads(p.impl, p.natives[0], p.dos[0])
             for name, a, b in zip(GRAD_NAMES, first, again):
                 same[name] = same[name] and torch.equal(a, b)
         row["bitwise_each"] = same
@@ -125,7 +162,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--impls", default="mini_of3,mini_of3_bf16bias,cueq,trifast,of3_triton,torch")
     parser.add_argument("--check-ns", default="all", help="N values with float64 errors and bitwise repeats")
-    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--reps", type=int, default=10, help="timed calls per round (their median is the round's)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over all implementations, interleaved")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="", help="suffix of the result file names")
     args = parser.parse_args(argv)
@@ -154,16 +192,26 @@ def main(argv: list[str] | None = None) -> None:
             reference = reference_fp64(*make_inputs(n, d, args.heads, 0)) if check else None
             if check:
                 print(f"float64 reference N={n} D={d}: {time.time() - t0:.1f}s", flush=True)
+            prepared = []
             for impl in impls:
                 try:
-                    row = measure(impl, n, d, args.heads, check=check, reference=reference, reps=args.reps)
+                    prepared.append(prepare(impl, n, d, args.heads))
                 except Exception as err:
-                    row = {"impl": impl.name, "N": n, "D": d, "error": f"{type(err).__name__}: {str(err)[:300]}"}
+                    result["rows"].append({"impl": impl.name, "N": n, "D": d,
+                                           "error": f"{type(err).__name__}: {str(err)[:300]}"})
                     traceback.print_exc(limit=4)
-                torch.cuda.empty_cache()
+            time_rounds(prepared, args.rounds, args.reps)
+            for p in prepared:
+                try:
+                    row = finish(p, check=check, reference=reference)
+                except Exception as err:
+                    row = {"impl": p.impl.name, "N": n, "D": d, "error": f"{type(err).__name__}: {str(err)[:300]}"}
+                    traceback.print_exc(limit=4)
                 result["rows"].append(row)
                 print(json.dumps(row), flush=True)
-                write_json(result, out / f"{stem}.json")
+            del prepared
+            torch.cuda.empty_cache()
+            write_json(result, out / f"{stem}.json")
             reference = None
             torch.cuda.empty_cache()
     result["autotuned"] = autotuned_configs()
