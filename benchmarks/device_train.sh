@@ -15,6 +15,6 @@ timeout -k 15 "${TRAIN_TIMEOUT:-400}" accelerate launch \
   trainer.max_steps="$steps" trainer.out_dir=$run trainer.checkpoint_every=100000 "$@" > "$OUT/train.log" 2>&1
 echo "train rc=$?"
 cp $run/log.jsonl $run/config.yaml "$OUT/" 2>/dev/null; cp $run/*.png "$OUT/" 2>/dev/null
-python3 benchmarks/train_summary.py "$OUT" --command "bash benchmarks/device_train.sh $config $steps $*" \
-  --out "$OUT/train_summary.json"
+python3 -m mini_of3.bench runs "$OUT" --names "$(basename "$config" .yaml)" \
+  --command "bash benchmarks/device_train.sh $config $steps $*" --out "$OUT/train_summary.json" --plot "$OUT/run.png"
 tail -5 "$OUT/train.log"

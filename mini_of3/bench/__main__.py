@@ -1,7 +1,7 @@
 """``python -m mini_of3.bench <name> [options]``: run one benchmark; each prints a table and writes JSON + PNG."""
 import sys
 
-COMMANDS = {"kernels": "mini_of3.bench.kernels"}
+COMMANDS = {"kernels": "mini_of3.bench.kernels", "runs": "mini_of3.bench.runs"}
 
 
 def main() -> None:

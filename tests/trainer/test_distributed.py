@@ -15,6 +15,7 @@ About a minute on 2 shared CPU cores (each launch of 2 processes ~15 s, of 1 ~9 
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -108,6 +109,26 @@ def test_two_processes_train_like_one_with_the_same_global_batch(small_data, one
     assert len({r["recycles"] for r in got}) > 1 and len({r["loss"] for r in got}) == 6
     assert_same_training(got, want)
     assert_same_validation(log_rows(out, "val"), log_rows(one_process, "val"))
+
+
+def test_run_summary_compares_two_processes_with_one(one_process, two_processes, tmp_path):
+    """``python -m mini_of3.bench runs`` (what the two-GPU measurements use) on these real runs: both have a global
+    batch of 2, the same entries at every step and losses equal to float rounding; JSON and plot written."""
+    from mini_of3.bench import runs
+
+    out, _ = two_processes
+    result_path, plot_path = tmp_path / "runs.json", tmp_path / "runs.png"
+    runs.main([str(one_process), str(out), "--names", "one,two", "--out", str(result_path), "--plot", str(plot_path)])
+    result = json.loads(result_path.read_text())
+    one, two = result["rows"]
+    assert (one["run"], two["run"]) == ("one", "two") and one["global_batch"] == two["global_batch"] == 2
+    assert one["steps"] == two["steps"] == 6 and two["samples_per_s"] == pytest.approx(2 / two["step_s"])
+    compared = two["vs_reference"]
+    assert compared["steps_compared"] == 6 and compared["same_entries_every_step"]
+    assert compared["loss_max_rel_diff"] <= REL
+    assert plot_path.stat().st_size > 10_000
+    with pytest.raises(SystemExit, match="no log.jsonl"):
+        runs.main([str(tmp_path / "missing")])
 
 
 def test_main_process_alone_logs_and_writes_checkpoints(two_processes):
