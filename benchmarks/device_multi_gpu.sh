@@ -23,7 +23,8 @@ run() {   # run NAME TIMEOUT ACCELERATE_ARGS... -- TRAIN_ARGS...
   local name=$1 limit=$2; shift 2
   local accel=()
   while [ "$1" != "--" ]; do accel+=("$1"); shift; done; shift
-  timeout -k 15 "$limit" accelerate launch "${accel[@]}" train.py "$@" "${common[@]}" \
+  # shellcheck disable=SC2086  # EXTRA_ARGS: more key=value overrides, word-split (a CPU smoke test uses it)
+  timeout -k 15 "$limit" accelerate launch "${accel[@]}" train.py "$@" "${common[@]}" ${EXTRA_ARGS:-} \
     trainer.out_dir="/tmp/$part/$name" > "$out/$name.log" 2>&1
   echo "$name: exit $?"
   mkdir -p "$out/$name"; cp "/tmp/$part/$name/log.jsonl" "/tmp/$part/$name/config.yaml" "$out/$name/" 2>/dev/null

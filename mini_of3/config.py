@@ -135,6 +135,9 @@ class Config:
 # ----------------------------------------------------------------------------------------------------------------
 # loading, overriding, validating, saving
 
+_YAML_BOOL_WORDS = {False: ("no", "off", "false"), True: ("yes", "on", "true")}
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Convert ``value`` (from YAML or a command-line string) to the annotated type ``tp`` or raise ConfigError."""
     origin = get_origin(tp)
@@ -154,6 +157,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(errors[0] if errors else f"{key}: got {value!r}, expected {tp}")
     if origin is Literal:
         allowed = get_args(tp)
+        if isinstance(value, bool):   # YAML 1.1 reads an unquoted no/yes/off/on as a boolean: take the word back
+            value = next((word for word in _YAML_BOOL_WORDS[value] if word in allowed), value)
         if value not in allowed:
             raise ConfigError(f"{key}: got {value!r}, expected one of {', '.join(map(str, allowed))}")
         return value

@@ -91,7 +91,7 @@ def plot(runs: list[tuple[str, list[dict]]], path: Path) -> None:
     if len(runs) > 1:
         ref = {r["step"]: r["loss"] for r in train_rows(runs[0][1])}
         for name, rows in runs[1:]:
-            pts = [(r["step"], abs(r["loss"] - ref[r["step"]]) / abs(ref[r["step"]]))
+            pts = [(r["step"], max(abs(r["loss"] - ref[r["step"]]) / abs(ref[r["step"]]), 1e-12))   # 0 on a log axis
                    for r in train_rows(rows) if r["step"] in ref]
             if pts:
                 axes[0][1].plot(*zip(*pts), label=f"{name} vs {runs[0][0]}", lw=1.2)

@@ -102,3 +102,13 @@ def test_a_saved_section_reads_alone():
     assert model.n_blocks == 1 and model.pair_dropout == 0.25
     with pytest.raises(ConfigError, match="unknown config key 'model.n_block'"):
         section_from_dict("model", {"n_block": 1})
+
+
+def test_unquoted_no_is_the_word_not_a_boolean(tmp_path):
+    """YAML 1.1 reads `no` as false; trainer.mixed_precision's documented value is the word "no" (accelerate's), on
+    the command line and in a file alike (a session-2 smoke run stopped on `trainer.mixed_precision=no`)."""
+    assert load_config(REPO / "configs" / "crop384.yaml", ["trainer.mixed_precision=no"]).trainer.mixed_precision == "no"
+    config = tmp_path / "fp32.yaml"
+    config.write_text("trainer:\n  mixed_precision: no\nwandb: off\n")
+    cfg = load_config(config)
+    assert cfg.trainer.mixed_precision == "no" and cfg.wandb is False
