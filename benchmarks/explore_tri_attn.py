@@ -75,16 +75,16 @@ def main():
         torch.cuda.synchronize()
         return
     fast = {**base.__dict__, "fast_exp": True}
-    variants = {   # session 2, after the mask prefetch: what each remaining choice costs on the default fixed config
-        "default (split p and dS)": (LaunchConfig(**fast), {}),
+    variants = {   # after v7 (key bias): what the mask, the pipeline stages and the backward tiles cost now
+        "default": (LaunchConfig(**fast), {}),
         "no mask": (LaunchConfig(**fast), {"masked": False}),
         "bf16 bias": (LaunchConfig(**fast), {"bias": "bf16"}),
         "no split": (LaunchConfig(**{**fast, "split_p": False, "split_ds": False}), {}),
-        "bwd 64x64 w4 s2": (LaunchConfig(**{**fast, "bwd_stages": 2}), {}),
-        "bwd 32x64 w4 s1": (LaunchConfig(**{**fast, "bwd_block_j": 32}), {}),
-        "bwd 64x128 w8 s1": (LaunchConfig(**{**fast, "bwd_block_k": 128, "bwd_warps": 8}), {}),
-        "dbias 64 w8 s1": (LaunchConfig(**{**fast, "dbias_warps": 8}), {}),
-        "dbias 64 w4 s2": (LaunchConfig(**{**fast, "dbias_stages": 2}), {}),
+        "bwd 64x64 w4 s1": (LaunchConfig(**{**fast, "bwd_block_k": 64, "bwd_warps": 4}), {}),
+        "bwd 64x128 w8 s2": (LaunchConfig(**{**fast, "bwd_stages": 2}), {}),
+        "dbias 64 w4 s1": (LaunchConfig(**{**fast, "dbias_stages": 1}), {}),
+        "dbias 64 w4 s3": (LaunchConfig(**{**fast, "dbias_stages": 3}), {}),
+        "fwd 64x32 w4 s2": (LaunchConfig(**{**fast, "fwd_stages": 2}), {}),
     }
     rows = []
     for name, (config, kw) in list(variants.items())[:3 if args.quick else None]:
