@@ -85,6 +85,7 @@ def main():
         "dbias 64 w4 s1": (LaunchConfig(**{**fast, "dbias_stages": 1}), {}),
         "dbias 64 w4 s3": (LaunchConfig(**{**fast, "dbias_stages": 3}), {}),
         "fwd 64x32 w4 s2": (LaunchConfig(**{**fast, "fwd_stages": 2}), {}),
+        "residual in bf16 (not int8)": (LaunchConfig(**{**fast, "residual": "input"}), {}),
     }
     rows = []
     for name, (config, kw) in list(variants.items())[:3 if args.quick else None]:

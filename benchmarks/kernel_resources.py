@@ -33,7 +33,7 @@ from mini_of3.kernels.triangle_attention import _bwd_configs, _fwd_configs  # no
 TARGET = GPUTarget("cuda", 90, 32)
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 UNIT_STRIDES = ("sq_d", "sk_d", "sv_d", "so_d", "sd_d", "sg_d", "sb_k", "sm_k", "so_k")
-POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", BIAS="*fp32", KEY_BIAS="*fp32", O="*bf16", O_LO="*bf16",
+POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", BIAS="*fp32", KEY_BIAS="*fp32", O="*bf16", O_LO="*i8",
                 LSE="*fp32", DO="*bf16", DELTA="*fp32", DQ_ACC="*fp32", DQ="*bf16", DK="*bf16", DV="*bf16",
                 DBIAS="*fp32")
 
@@ -83,7 +83,7 @@ def main() -> None:
     jobs = []
     if args.kernel in ("fwd", "all"):
         for c in _fwd_configs(d):
-            flags = dict(common, STORE_LSE=True, STORE_LO=True, SPLIT_P=True, **c.kwargs)
+            flags = dict(common, STORE_LSE=True, STORE_LO=True, LO_UNIT=2.0 ** -7, SPLIT_P=True, **c.kwargs)
             jobs.append(("fwd", K._fwd, flags, c.num_warps, c.num_stages))
     if args.kernel in ("dqkv", "all"):
         for c in _bwd_configs(d):

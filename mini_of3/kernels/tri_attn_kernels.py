@@ -8,8 +8,9 @@ t = q.k + (bias / scale) + key bias, and enter the base-2 exponent as t * scale 
 
 Kernels:
     _fwd            one program per (query tile jb, head h, row i, batch b); online softmax or plain sigmoid.
-    _delta          delta = rowsum(dO * O) in float32, with O = o + o_lo (the forward's rounding residual), so the
-                    bf16 rounding of the output does not leak into dS.
+    _delta          delta = rowsum(dO * O) in float32, with O = o + o_lo (the forward's rounding residual, kept as int8
+                    in units of |o| * LO_UNIT / 127, or in o's dtype when LO_UNIT = 0), so the bf16 rounding of the
+                    output does not leak into dS.
     _bwd_dqkv       a persistent grid over the rows (b, i, h): per row, an outer loop over key tiles (dK, dV in
                     registers) and an inner loop over query tiles; dQ is accumulated in a float32 scratch row owned by
                     the program only (read-modify-write in program order), so the three gradients need no atomics and
@@ -113,6 +114,7 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, O, O_LO, LSE,
          so_b, so_i, so_j, so_h, so_d,
          B, I, J, H, scale, J_BUCKET,
          HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, STORE_LSE: tl.constexpr, STORE_LO: tl.constexpr,
+         LO_UNIT: tl.constexpr,
          SPLIT_P: tl.constexpr, FAST_EXP: tl.constexpr,
          DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     jb, h, i64, b64 = _query_tile_program(J, H, I, BLOCK_J)
@@ -162,23 +164,39 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, O, O_LO, LSE,
     o = acc.to(O.dtype.element_ty)
     tl.store(O + o_ptrs, o, mask=offs_j[:, None] < J)
     if STORE_LO:   # the rounding residual of o, so that the backward's delta = rowsum(dO * O) is exact
-        tl.store(O_LO + o_ptrs, (acc - o.to(tl.float32)).to(O.dtype.element_ty), mask=offs_j[:, None] < J)
+        if LO_UNIT > 0:
+            tl.store(O_LO + o_ptrs, _residual_to_int8(acc, o.to(tl.float32), LO_UNIT), mask=offs_j[:, None] < J)
+        else:          # LO_UNIT 0: the residual in o's own dtype
+            tl.store(O_LO + o_ptrs, (acc - o.to(tl.float32)).to(O.dtype.element_ty), mask=offs_j[:, None] < J)
     if STORE_LSE:
         lse = tl.where(has_key, m_run + tl.log2(tl.where(has_key, l_run, 1.0)), float("inf"))
         tl.store(LSE + ((b64 * H + h) * I + i64) * J + offs_j, lse, mask=offs_j < J)
 
 
 @triton.jit
+def _residual_to_int8(acc, o, LO_UNIT: tl.constexpr):
+    """The rounding residual acc - o as int8 in units of |o| * LO_UNIT / 127. LO_UNIT bounds |acc - o| / |o| (2^-7 for
+    bf16, 2^-10 for fp16: one ulp, so that truncating conversions fit too); the stored residual is then exact to
+    |o| * LO_UNIT / 254, 2^-15 of o in bf16: a quarter of the memory of a residual in o's dtype, and as good for delta."""
+    unit = tl.abs(o) * (LO_UNIT / 127.0)
+    steps = tl.where(unit > 0.0, tl.fdiv(acc - o, tl.where(unit > 0.0, unit, 1.0)), 0.0)   # approximate division
+    return tl.minimum(tl.maximum(tl.floor(steps + 0.5), -127.0), 127.0).to(tl.int8)
+
+
+@triton.jit
 def _delta(O, O_LO, DO, DELTA,
            so_b, so_i, so_j, so_h, so_d, sd_b, sd_i, sd_j, sd_h, sd_d,
-           I, J, H, HAS_LO: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr):
+           I, J, H, HAS_LO: tl.constexpr, LO_UNIT: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr):
     jb, h, i64, b64 = _query_tile_program(J, H, I, BLOCK_J)
     offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
     offs_d = tl.arange(0, BLOCK_D)
     o_base = b64 * so_b + i64 * so_i + h * so_h
     o = _load_tile(O + o_base, offs_j, offs_d, so_j, so_d, J).to(tl.float32)
     if HAS_LO:
-        o += _load_tile(O_LO + o_base, offs_j, offs_d, so_j, so_d, J).to(tl.float32)
+        lo = _load_tile(O_LO + o_base, offs_j, offs_d, so_j, so_d, J).to(tl.float32)
+        if LO_UNIT > 0:
+            lo = lo * (tl.abs(o) * (LO_UNIT / 127.0))
+        o += lo
     do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J).to(tl.float32)
     tl.store(DELTA + ((b64 * H + h) * I + i64) * J + offs_j, tl.sum(o * do, 1), mask=offs_j < J)
 

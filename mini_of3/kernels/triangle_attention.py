@@ -117,6 +117,8 @@ class LaunchConfig:
                                       # when the forward keeps residuals for a backward, off for inference)
     split_ds: bool | None = None      # hi+lo split of dS in dS @ k and dS^T @ q (None: MINI_OF3_SPLIT_DS, default on)
     fast_exp: bool | None = None      # ex2.approx.ftz / rcp.approx through inline PTX (None: on for CUDA)
+    residual: str | None = None       # the output's rounding residual kept for the backward: "int8" (a quarter of o's
+                                      # bytes) or "input" (o's dtype); None: MINI_OF3_RESIDUAL, default int8
 
 
 def default_config(head_dim: int) -> LaunchConfig:
@@ -208,9 +210,10 @@ def _num_sms(device: torch.device) -> int:
 
 
 def _new(shape, dtype, device) -> torch.Tensor:
-    """Output allocation; MINI_OF3_POISON=1 fills with NaN so that a test sees any element a kernel did not write."""
+    """Output allocation; MINI_OF3_POISON=1 fills with NaN (-128 for the int8 residual, a value the kernel never
+    writes) so that a test sees any element a kernel did not write."""
     if os.environ.get("MINI_OF3_POISON", "0") == "1":
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+        return torch.full(shape, -128 if dtype == torch.int8 else float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
 
 
@@ -249,6 +252,22 @@ def _use_split(config: LaunchConfig, dtype: torch.dtype, which: str, training: b
 # forward and backward launchers
 
 
+def _residual_dtype(config: LaunchConfig, dtype: torch.dtype) -> torch.dtype:
+    """int8 (default) or the input dtype, for the output's rounding residual (config.residual, MINI_OF3_RESIDUAL)."""
+    choice = config.residual or os.environ.get("MINI_OF3_RESIDUAL", "int8")
+    if choice not in ("int8", "input"):
+        raise ValueError(f"residual must be 'int8' or 'input', got {choice!r}")
+    return torch.int8 if choice == "int8" else dtype
+
+
+def _lo_unit(residual: torch.Tensor, dtype: torch.dtype) -> float:
+    """For an int8 residual, a bound on |acc - o| / |o| (one ulp: 2^-7 bf16, 2^-10 fp16; see _residual_to_int8);
+    0 for a residual in o's own dtype."""
+    if residual.dtype != torch.int8:
+        return 0.0
+    return 2.0 ** -10 if dtype == torch.float16 else 2.0 ** -7
+
+
 def _key_bias(mask: torch.Tensor | None, beta: torch.Tensor | None, scale: float, shape: tuple[int, int, int],
               device: torch.device) -> torch.Tensor | None:
     """The per-key term of the raw scores, [B, I, K] float32: -inf at masked keys, plus beta_i / scale for sigmoid;
@@ -274,7 +293,9 @@ def _forward(q, k, v, bias, mask, beta, sigmoid: bool, scale: float, residuals: 
     config = _override or default_config(D)
     o = _new((B, I, J, H, D), q.dtype, q.device)
     store_residuals = residuals and not sigmoid
-    o_lo = _new((B, I, J, H, D), q.dtype, q.device) if store_residuals and q.dtype != torch.float32 else o.new_empty(0)
+    residual_dtype = _residual_dtype(config, q.dtype)
+    o_lo = _new((B, I, J, H, D), residual_dtype, q.device) if store_residuals and q.dtype != torch.float32 else \
+        o.new_empty(0, dtype=residual_dtype)
     lse = _new((B, H, I, J), torch.float32, q.device) if store_residuals else o.new_empty(0, dtype=torch.float32)
     key_bias = _key_bias(mask, beta, scale, (B, I, J), q.device)
     kb_arg, kb_strides = _key_bias_args(key_bias, q)
@@ -282,6 +303,7 @@ def _forward(q, k, v, bias, mask, beta, sigmoid: bool, scale: float, residuals: 
             lse if lse.numel() else o,
             *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *o.stride(), B, I, J, H, scale)
     flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, STORE_LSE=store_residuals, STORE_LO=o_lo.numel() > 0,
+                 LO_UNIT=_lo_unit(o_lo, q.dtype),
                  SPLIT_P=split_p, FAST_EXP=_use_fast_exp(config, q.device),
                  DOT_PREC=_dot_precision(q.dtype),
                  BLOCK_D=D)
@@ -311,7 +333,7 @@ def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale:
         block_j = 64 if D <= 64 else 32
         K._delta[(B * I * H * triton.cdiv(J, block_j),)](
             o, o_lo if o_lo.numel() else o, do, delta, *o.stride(), *do.stride(), I, J, H,
-            HAS_LO=o_lo.numel() > 0, BLOCK_J=block_j, BLOCK_D=D, num_warps=4)
+            HAS_LO=o_lo.numel() > 0, LO_UNIT=_lo_unit(o_lo, q.dtype), BLOCK_J=block_j, BLOCK_D=D, num_warps=4)
 
     common = (q, k, v, bias, kb_arg, do, lse, delta)
     strides = (*q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *do.stride())
@@ -377,7 +399,8 @@ def _fwd_fake(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, spl
     B, I, J, H, D = q.shape
     keep = residuals and not sigmoid
     o = q.new_empty((B, I, J, H, D))
-    o_lo = q.new_empty((B, I, J, H, D)) if keep and q.dtype != torch.float32 else q.new_empty(0)
+    o_lo = q.new_empty((B, I, J, H, D) if keep and q.dtype != torch.float32 else 0,
+                       dtype=_residual_dtype(_override or default_config(D), q.dtype))
     lse = q.new_empty((B, H, I, J), dtype=torch.float32) if keep else q.new_empty(0, dtype=torch.float32)
     return o, o_lo, lse
 

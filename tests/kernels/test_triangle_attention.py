@@ -119,6 +119,19 @@ def test_bitwise_repeat_and_chunked_bias_gradient():
     assert rel_err(runs[0][4], ref[4]) < 1e-4
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("residual", ["int8", "input"])
+def test_output_residual_keeps_the_bias_gradient_exact(dtype, residual):
+    """The forward keeps the rounding residual of its 16-bit output (int8 by default, or in the output's dtype) so
+    that delta = rowsum(dO * O) is exact: the float32 bias gradient stays near float32 accuracy (below 2e-5 here,
+    with the interpreter's truncating casts); a delta from the rounded output alone fails this bound."""
+    q, k, v, bias, mask, do = make_inputs(1, 6, 40, 2, 32, dtype, masked=True, transposed=False)
+    with launch_config(residual=residual):
+        got = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
+    ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
+    assert rel_err(got[4], ref[4]) < 2e-5, rel_err(got[4], ref[4])
+
+
 def test_small_tiles_cover_many_tile_loops():
     """16 x 16 tiles: many key and query tiles per row, partial last tiles, several dQ read-modify-writes."""
     q, k, v, bias, mask, do = make_inputs(1, 2, 37, 1, 16, torch.float32, masked=True, transposed=True)
