@@ -427,13 +427,29 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)     # no zero-filled gradients for o_lo and lse (saves one o-sized tensor)
 
 
-def _autograd_backward(ctx, do, _do_lo, _dlse):
+def _autograd_backward(ctx, do, _do_lo, _dlse, backward=_bwd_op):
     q, k, v, bias, mask, beta, o, o_lo, lse = ctx.saved_tensors
-    dq, dk, dv, dbias = _bwd_op(do, q, k, v, bias, mask, beta, o, o_lo, lse, ctx.sigmoid, ctx.scale, ctx.split_ds)
+    dq, dk, dv, dbias = backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, ctx.sigmoid, ctx.scale, ctx.split_ds)
     return dq, dk, dv, dbias, None, None, None, None, None, None, None
 
 
 _fwd_op.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+class _EagerTriangleAttention(torch.autograd.Function):
+    """The eager path: the custom ops' forward and backward, called without torch.library's dispatch, which costs
+    ~80 µs per forward + backward on a 2-core CPU (~40 % of the host time of a call; NOTES.md, session 2) and shows at
+    N <= 256, where the kernels take ~0.1 ms. Under torch.compile the custom ops are used, opaque to the compiler."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds):
+        output = _forward(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p)
+        _setup_context(ctx, (q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds), output)
+        return output
+
+    @staticmethod
+    def backward(ctx, do, do_lo, dlse):
+        return _autograd_backward(ctx, do, do_lo, dlse, backward=_backward)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -484,5 +500,6 @@ def triangle_attention(
     residuals = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, bias))
     config = _override or default_config(D)
     split_p, split_ds = _use_split(config, q.dtype, "p", residuals), _use_split(config, q.dtype, "ds")
-    o, _, _ = _fwd_op(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds)
+    forward = _fwd_op if torch.compiler.is_compiling() else _EagerTriangleAttention.apply
+    o, _, _ = forward(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds)
     return o
