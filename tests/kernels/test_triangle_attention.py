@@ -190,6 +190,37 @@ def test_eager_calls_skip_the_dispatcher(monkeypatch):
         assert rel_err(g, r) < TOLERANCE[torch.float32]
 
 
+def test_autotuned_launch_reuses_the_choice_per_key(monkeypatch):
+    """The first launch of a key goes through the autotuner; later ones launch its choice directly (grid from the
+    chosen block sizes, the launch options passed); a new key (here fp32 tensors instead of bf16) tunes again."""
+    import sys
+
+    import triton
+    module = sys.modules["mini_of3.kernels.triangle_attention"]
+    calls = []
+
+    class Launcher:
+        def __init__(self, kind):
+            self.kind = kind
+            self.best_config = triton.Config({"BLOCK_J": 64, "BLOCK_K": 32}, num_warps=4, num_stages=3)
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((self.kind, grid, kwargs))
+
+    monkeypatch.setattr(module, "_tuned_kernel", lambda *args: Launcher("autotuner"))
+    monkeypatch.setattr(module, "_chosen", {})
+    grid = lambda meta: (10 * meta["BLOCK_J"],)  # noqa: E731
+    flags = dict(BLOCK_D=32, HAS_KEY_BIAS=True, SIGMOID=False, SPLIT_P=True)
+    bf16 = torch.zeros(2, dtype=torch.bfloat16)
+    for _ in range(3):
+        module._launch_tuned("fwd", Launcher("direct"), [], grid, (bf16, 3), 1024, flags, ("SPLIT_P",))
+    assert [kind for kind, _, _ in calls] == ["autotuner", "direct", "direct"]
+    _, launch_grid, kwargs = calls[1]
+    assert launch_grid == (640,) and kwargs["BLOCK_J"] == 64 and kwargs["num_stages"] == 3 and kwargs["SPLIT_P"]
+    module._launch_tuned("fwd", Launcher("direct"), [], grid, (bf16.float(), 3), 1024, flags, ("SPLIT_P",))
+    assert calls[-1][0] == "autotuner"
+
+
 def test_opcheck_forward_op():
     from mini_of3.kernels.triangle_attention import _fwd_op
     q, k, v, bias, mask, _ = make_inputs(1, 2, 16, 1, 16, torch.float32, masked=True, transposed=False)
