@@ -11,6 +11,6 @@ MINI_OF3_AUTOTUNE=0 timeout 120 python3 -m pytest tests/kernels tests/model/test
   -p no:cacheprovider 2>&1 | tail -3
 timeout 100 python3 benchmarks/explore_tri_attn.py > "$OUT/explore.log" 2>&1
 timeout 360 python3 -m mini_of3.bench kernels --ns "$ns" --ds "$ds" \
-  --impls mini_of3,mini_of3_bf16bias,mini_of3_nosplit,trifast,cueq,of3_triton --check-ns 256,768 \
+  --impls mini_of3,mini_of3_bf16bias,mini_of3_sepdq,trifast,cueq,of3_triton --check-ns 256,768 \
   --out "$OUT" --tag "$tag" 2>&1 | grep -v '^{' | tail -80
 tail -12 "$OUT/explore.log"

@@ -14,7 +14,7 @@ from torch.profiler import ProfilerActivity, profile
 from mini_of3.kernels import triangle_attention
 from mini_of3.kernels.triangle_attention import LaunchConfig, default_config, launch_config
 
-KERNELS = ("_fwd", "_delta", "_bwd_dqkv", "_bwd_dbias", "_sum_chunks")
+KERNELS = ("_fwd", "_delta", "_bwd_dqkv", "_bwd_dq", "_bwd_dbias", "_sum_chunks")
 
 
 def inputs(n, d, heads, *, bias="fp32", masked=True):
@@ -86,6 +86,9 @@ def main():
         "dbias 64 w4 s3": (LaunchConfig(**{**fast, "dbias_stages": 3}), {}),
         "fwd 64x32 w4 s2": (LaunchConfig(**{**fast, "fwd_stages": 2}), {}),
         "residual in bf16 (not int8)": (LaunchConfig(**{**fast, "residual": "input"}), {}),
+        "separate dQ (dkdv 32x64 w4 s2)": (LaunchConfig(**{**fast, "separate_dq": True, "bwd_block_j": 32,
+                                                           "bwd_block_k": 64, "bwd_warps": 4, "bwd_stages": 2}), {}),
+        "separate dQ (dkdv 64x128 w8 s1)": (LaunchConfig(**{**fast, "separate_dq": True}), {}),
     }
     rows = []
     for name, (config, kw) in list(variants.items())[:3 if args.quick else None]:

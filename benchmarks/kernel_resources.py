@@ -74,7 +74,7 @@ def resources(compiled) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kernel", choices=("fwd", "dqkv", "dbias", "all"), default="all")
+    parser.add_argument("--kernel", choices=("fwd", "dqkv", "dq", "dbias", "all"), default="all")
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--maxnreg", type=int, default=None)
     args = parser.parse_args()
@@ -90,6 +90,11 @@ def main() -> None:
             for split in (True, False):
                 jobs.append((f"dqkv{'' if split else ' nosplit'}", K._bwd_dqkv, dict(common, SPLIT_DS=split, **c.kwargs),
                              c.num_warps, c.num_stages))
+            jobs.append(("dkdv (no dQ)", K._bwd_dqkv, dict(common, SPLIT_DS=True, COMPUTE_DQ=False, **c.kwargs),
+                         c.num_warps, c.num_stages))
+    if args.kernel in ("dq", "all"):
+        for c in _fwd_configs(d):
+            jobs.append(("dq", K._bwd_dq, dict(common, SPLIT_DS=True, **c.kwargs), c.num_warps, c.num_stages))
     if args.kernel in ("dbias", "all"):
         block = 64 if d <= 64 else 32
         for warps, stages in ((4, 1), (4, 2), (8, 2)):

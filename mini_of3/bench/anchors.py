@@ -18,6 +18,7 @@ from mini_of3.kernels import triangle_attention, triangle_attention_ref
 from mini_of3.kernels.triangle_attention import default_config, launch_config
 
 _SPLIT_ENV = ("MINI_OF3_SPLIT_P", "MINI_OF3_SPLIT_DS")
+_CHOICE_ENV = (*_SPLIT_ENV, "MINI_OF3_SEPARATE_DQ")
 # canonical [B, I, J, H, D] -> native, and the permutation back
 _TO_BHIJD, _FROM_BHIJD = (0, 3, 1, 2, 4), (0, 2, 3, 1, 4)
 _TO_BIHJD, _FROM_BIHJD = (0, 1, 3, 2, 4), (0, 1, 3, 2, 4)
@@ -36,21 +37,23 @@ def _same(t: torch.Tensor, kind: str) -> torch.Tensor:
     return t
 
 
-def _mini_of3(name: str, bias_fp32: bool = True, fixed: bool = False, split: bool = True) -> Impl:
+def _mini_of3(name: str, bias_fp32: bool = True, fixed: bool = False, split: bool = True,
+              separate_dq: bool = False) -> Impl:
     """Ours, autotuned (or the fixed default configuration), with a float32 or bf16 bias, with or without the hi+lo
-    split of p and dS (the speed/accuracy trade-off, NOTES.md)."""
+    split of p and dS (the speed/accuracy trade-off, NOTES.md), with dQ fused or in its own kernel."""
     def native(q, k, v, bias, mask):
         return q, k, v, bias if bias_fp32 else bias.to(q.dtype), mask
 
     def call(q, k, v, bias, mask):
-        # the split choice is taken at the forward call and kept for its backward; with split, the defaults (p split
+        # the choices are taken at the forward call and kept for its backward; with split, the defaults (p split
         # only when a backward follows, dS always)
-        previous = {key: os.environ.get(key) for key in _SPLIT_ENV}
+        previous = {key: os.environ.get(key) for key in _CHOICE_ENV}
         for key in _SPLIT_ENV:
             if split:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = "0"
+        os.environ["MINI_OF3_SEPARATE_DQ"] = "1" if separate_dq else "0"
         try:
             if fixed:
                 with launch_config(default_config(q.shape[-1])):
@@ -122,6 +125,7 @@ FACTORIES: dict[str, Callable[[], Impl]] = {
     "mini_of3_bf16bias": lambda: _mini_of3("mini_of3_bf16bias", bias_fp32=False),
     "mini_of3_fixed": lambda: _mini_of3("mini_of3_fixed", fixed=True),
     "mini_of3_nosplit": lambda: _mini_of3("mini_of3_nosplit", split=False),
+    "mini_of3_sepdq": lambda: _mini_of3("mini_of3_sepdq", separate_dq=True),
     "trifast": _trifast,
     "cueq": _cueq,
     "of3_triton": _of3_triton,

@@ -18,6 +18,8 @@ Kernels:
     _bwd_dbias      one program per (key tile, query tile, h, b, chunk of rows): the bias tile stays in registers and
                     dS is summed over the rows i of the chunk in order; chunks (only when the grid would otherwise
                     be too small to fill the GPU) are summed afterwards, in order, by _sum_chunks.
+    _bwd_dq         (with _bwd_dqkv's COMPUTE_DQ off; LaunchConfig.separate_dq) dQ alone, one program per query tile
+                    and row, dQ in registers: one more recomputation, a lighter dk/dv kernel and no dQ scratch.
 J_BUCKET (the next power of two of J) is unused by the kernels: it is the autotuning key.
 Probabilities are recomputed once in _bwd_dqkv for three gradients and once in _bwd_dbias for the fourth.
 """
@@ -234,7 +236,9 @@ def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
               B, I, J, H, scale, J_BUCKET,
               HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
               FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
-              BLOCK_D: tl.constexpr):
+              BLOCK_D: tl.constexpr, COMPUTE_DQ: tl.constexpr = True):
+    # COMPUTE_DQ False: dK and dV only (dQ then comes from _bwd_dq): the dQ product, its transpose of dS and the
+    # scratch read-modify-write are most of this kernel's register pressure (NOTES.md, session 2).
     # Tiles are computed transposed, [key, query] (as FlashAttention-2's backward): p^T and dS^T are then the
     # A operands of dV += p^T dO and dK += dS^T q straight from registers; only dQ += dS k needs a transpose.
     # A persistent grid: each program owns one float32 dQ scratch row [J, D] and takes the rows (b, i, h) pid,
@@ -290,15 +294,58 @@ def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
                 pt, dst = _probs_and_dscores(tt, scale2, dpt, lse[None, :], delta[None, :], SIGMOID, FAST_EXP)
                 dv += _dot_split(pt, do, False, DOT_PREC)    # [BK, D]; p's rounding shows only in dv, as its own
                 dk += _dot_split(dst, q, SPLIT_DS, DOT_PREC)                                        # [BK, D]
-                acc_ptrs = acc_base + offs_j[:, None] * BLOCK_D + offs_d[None, :]
-                dq = tl.load(acc_ptrs, mask=offs_j[:, None] < rows_read, other=0.0)
-                dq += _dot_split(dst, k, SPLIT_DS, DOT_PREC, TRANS_P=True)                          # [BJ, D]
-                tl.store(acc_ptrs, dq, mask=offs_j[:, None] < rows_keep)
-                g_ptrs = g_base + offs_j[:, None] * sg_j + offs_d[None, :] * sg_d
-                tl.store(DQ + g_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=offs_j[:, None] < rows_out)
+                if COMPUTE_DQ:
+                    acc_ptrs = acc_base + offs_j[:, None] * BLOCK_D + offs_d[None, :]
+                    dq = tl.load(acc_ptrs, mask=offs_j[:, None] < rows_read, other=0.0)
+                    dq += _dot_split(dst, k, SPLIT_DS, DOT_PREC, TRANS_P=True)                      # [BJ, D]
+                    tl.store(acc_ptrs, dq, mask=offs_j[:, None] < rows_keep)
+                    g_ptrs = g_base + offs_j[:, None] * sg_j + offs_d[None, :] * sg_d
+                    tl.store(DQ + g_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=offs_j[:, None] < rows_out)
             g_ptrs = g_base + offs_k[:, None] * sg_j + offs_d[None, :] * sg_d
             tl.store(DK + g_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=offs_k[:, None] < J)
             tl.store(DV + g_ptrs, dv.to(DV.dtype.element_ty), mask=offs_k[:, None] < J)
+
+
+@triton.jit
+def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ,
+            sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
+            sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
+            sg_b, sg_i, sg_j, sg_h, sg_d,
+            B, I, J, H, scale, J_BUCKET,
+            HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr, FAST_EXP: tl.constexpr,
+            DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dQ alone, one program per (query tile, head, row, batch) as the forward: a loop over key tiles recomputes p
+    and dS = p (dP - delta) and accumulates dQ = dS k in registers (no scratch, no transpose). With
+    _bwd_dqkv(COMPUTE_DQ=False) it replaces the fused dq/dk/dv kernel at the cost of one more recomputation."""
+    jb, h, i64, b64 = _query_tile_program(J, H, I, BLOCK_J)
+    offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_kt = tl.arange(0, BLOCK_K)
+    in_j = offs_j < J
+    q = _load_tile(Q + b64 * sq_b + i64 * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)     # [BJ, D]
+    do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J)   # [BJ, D]
+    k_base = K + b64 * sk_b + i64 * sk_i + h * sk_h
+    v_base = V + b64 * sv_b + i64 * sv_i + h * sv_h
+    bias_base = BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j
+    m_base = b64 * sm_b + i64 * sm_i
+    lse, delta = _row_stats(LSE, DELTA, ((b64 * H + h) * I + i64) * J, offs_j, in_j, SIGMOID)
+    scale2 = scale * 1.4426950408889634
+    dq = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
+    key_mask_next = _key_mask(KEY_BIAS, m_base, offs_kt, sm_k, J, HAS_KEY_BIAS)
+    for k0 in range(0, J, BLOCK_K):
+        offs_k = k0 + offs_kt
+        key_mask = key_mask_next
+        key_mask_next = _key_mask(KEY_BIAS, m_base, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
+        k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                  # [BK, D]
+        v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                  # [BK, D]
+        bias = tl.load(bias_base + offs_k[None, :] * sb_k, mask=in_j[:, None] & (offs_k[None, :] < J),
+                       other=0.0).to(tl.float32)                                               # [BJ, BK]
+        t = _dot(q, tl.trans(k), DOT_PREC, acc=bias * (1.0 / scale) + key_mask[None, :])       # [BJ, BK]
+        dp = _dot(do, tl.trans(v), DOT_PREC)                                                   # [BJ, BK]
+        _, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
+        dq += _dot_split(ds, k, SPLIT_DS, DOT_PREC)                                            # [BJ, D]
+    g_ptrs = b64 * sg_b + i64 * sg_i + h * sg_h + offs_j[:, None] * sg_j + offs_d[None, :] * sg_d
+    tl.store(DQ + g_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=in_j[:, None])
 
 
 @triton.jit

@@ -119,6 +119,9 @@ class LaunchConfig:
     fast_exp: bool | None = None      # ex2.approx.ftz / rcp.approx through inline PTX (None: on for CUDA)
     residual: str | None = None       # the output's rounding residual kept for the backward: "int8" (a quarter of o's
                                       # bytes) or "input" (o's dtype); None: MINI_OF3_RESIDUAL, default int8
+    separate_dq: bool | None = None   # dQ in its own kernel (_bwd_dq, launched with the fwd_* block sizes) and a dK/dV
+                                      # kernel without it; None: MINI_OF3_SEPARATE_DQ=1, default off. Like the
+                                      # splits, chosen at the forward call and kept for its backward
 
 
 def default_config(head_dim: int) -> LaunchConfig:
@@ -181,7 +184,7 @@ _tuned: dict[str, object] = {}
 
 def _tuned_kernel(name: str, kernel, configs, extra_key: tuple[str, ...] = ()):
     if name not in _tuned:
-        key = ["J_BUCKET", "BLOCK_D", "HAS_KEY_BIAS", "SIGMOID", *extra_key]
+        key = ["J_BUCKET", "BLOCK_D", "HAS_KEY_BIAS", "SIGMOID", *extra_key]   # + the dtypes of the tensors
         try:   # the chosen configs persist in Triton's cache across processes (triton >= 3.2)
             _tuned[name] = triton.autotune(configs=configs, key=key, cache_results=True)(kernel)
         except TypeError:
@@ -338,7 +341,8 @@ def _forward(q, k, v, bias, mask, beta, sigmoid: bool, scale: float, residuals: 
     return o, o_lo, lse
 
 
-def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale: float, split_ds: bool):
+def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale: float, split_ds: bool,
+              separate_dq: bool):
     B, I, J, H, D = q.shape
     config = _override or default_config(D)
     device = q.device
@@ -391,15 +395,27 @@ def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale:
     rows = B * I * H
     per_program = math.ceil(rows / (2 * _num_sms(device)))
     programs = math.ceil(rows / per_program)
-    dq_acc = torch.empty((programs, J, D), dtype=torch.float32, device=device)   # one dQ scratch row per program
+    # one dQ scratch row per program (none when dQ has its own kernel)
+    dq_acc = dq if separate_dq else torch.empty((programs, J, D), dtype=torch.float32, device=device)
     dqkv_args = (*common, dq_acc, dq, dk, dv, *strides, *dq.stride(), B, I, J, H, scale)
+    dqkv_flags = dict(flags, SPLIT_DS=split_ds, COMPUTE_DQ=not separate_dq)
     if _autotune_enabled():
-        _launch_tuned("dqkv", K._bwd_dqkv, _bwd_configs(D), (programs,), dqkv_args, _bucket(J),
-                      dict(flags, SPLIT_DS=split_ds), ("SPLIT_DS",))
+        _launch_tuned("dqkv", K._bwd_dqkv, _bwd_configs(D), (programs,), dqkv_args, _bucket(J), dqkv_flags,
+                      ("SPLIT_DS", "COMPUTE_DQ"))
     else:
-        K._bwd_dqkv[(programs,)](*dqkv_args, _bucket(J), SPLIT_DS=split_ds, **flags, BLOCK_J=config.bwd_block_j,
+        K._bwd_dqkv[(programs,)](*dqkv_args, _bucket(J), **dqkv_flags, BLOCK_J=config.bwd_block_j,
                                   BLOCK_K=config.bwd_block_k, num_warps=config.bwd_warps,
                                   num_stages=config.bwd_stages)
+    if separate_dq:
+        dq_args = (*common, dq, *strides, *dq.stride(), B, I, J, H, scale)
+        dq_flags = dict(flags, SPLIT_DS=split_ds)
+        if _autotune_enabled():
+            grid = lambda meta: (B * I * H * triton.cdiv(J, meta["BLOCK_J"]),)
+            _launch_tuned("dq", K._bwd_dq, _fwd_configs(D), grid, dq_args, _bucket(J), dq_flags, ("SPLIT_DS",))
+        else:
+            K._bwd_dq[(B * I * H * triton.cdiv(J, config.fwd_block_j),)](
+                *dq_args, _bucket(J), **dq_flags, BLOCK_J=config.fwd_block_j, BLOCK_K=config.fwd_block_k,
+                num_warps=config.fwd_warps, num_stages=config.fwd_stages)
     return dq, dk, dv, dbias
 
 
@@ -409,13 +425,14 @@ def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale:
 
 @torch.library.custom_op("mini_of3::triangle_attention_fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor | None,
-            beta: torch.Tensor | None, sigmoid: bool, scale: float, residuals: bool, split_p: bool, split_ds: bool
+            beta: torch.Tensor | None, sigmoid: bool, scale: float, residuals: bool, split_p: bool, split_ds: bool,
+            separate_dq: bool
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _forward(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p)
 
 
 @_fwd_op.register_fake
-def _fwd_fake(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds):
+def _fwd_fake(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds, separate_dq):
     B, I, J, H, D = q.shape
     keep = residuals and not sigmoid
     o = q.new_empty((B, I, J, H, D))
@@ -428,29 +445,30 @@ def _fwd_fake(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, spl
 @torch.library.custom_op("mini_of3::triangle_attention_bwd", mutates_args=())
 def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
             mask: torch.Tensor | None, beta: torch.Tensor | None, o: torch.Tensor, o_lo: torch.Tensor,
-            lse: torch.Tensor, sigmoid: bool, scale: float, split_ds: bool
+            lse: torch.Tensor, sigmoid: bool, scale: float, split_ds: bool, separate_dq: bool
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid, scale, split_ds)
+    return _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid, scale, split_ds, separate_dq)
 
 
 @_bwd_op.register_fake
-def _bwd_fake(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid, scale, split_ds):
+def _bwd_fake(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid, scale, split_ds, separate_dq):
     return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), bias.new_empty(bias.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds = inputs
+    q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds, separate_dq = inputs
     o, o_lo, lse = output
     ctx.save_for_backward(q, k, v, bias, mask, beta, o, o_lo, lse)
-    ctx.sigmoid, ctx.scale, ctx.split_ds = sigmoid, scale, split_ds
+    ctx.sigmoid, ctx.scale, ctx.split_ds, ctx.separate_dq = sigmoid, scale, split_ds, separate_dq
     ctx.mark_non_differentiable(o_lo, lse)
     ctx.set_materialize_grads(False)     # no zero-filled gradients for o_lo and lse (saves one o-sized tensor)
 
 
 def _autograd_backward(ctx, do, _do_lo, _dlse, backward=_bwd_op):
     q, k, v, bias, mask, beta, o, o_lo, lse = ctx.saved_tensors
-    dq, dk, dv, dbias = backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, ctx.sigmoid, ctx.scale, ctx.split_ds)
-    return dq, dk, dv, dbias, None, None, None, None, None, None, None
+    dq, dk, dv, dbias = backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, ctx.sigmoid, ctx.scale, ctx.split_ds,
+                                 ctx.separate_dq)
+    return dq, dk, dv, dbias, None, None, None, None, None, None, None, None
 
 
 _fwd_op.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -462,9 +480,10 @@ class _EagerTriangleAttention(torch.autograd.Function):
     N <= 256, where the kernels take ~0.1 ms. Under torch.compile the custom ops are used, opaque to the compiler."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds):
+    def forward(ctx, q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds, separate_dq):
         output = _forward(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p)
-        _setup_context(ctx, (q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds), output)
+        _setup_context(ctx, (q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds, separate_dq),
+                       output)
         return output
 
     @staticmethod
@@ -521,5 +540,7 @@ def triangle_attention(
     config = _override or default_config(D)
     split_p, split_ds = _use_split(config, q.dtype, "p", residuals), _use_split(config, q.dtype, "ds")
     forward = _fwd_op if torch.compiler.is_compiling() else _EagerTriangleAttention.apply
-    o, _, _ = forward(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds)
+    separate_dq = config.separate_dq if config.separate_dq is not None else \
+        os.environ.get("MINI_OF3_SEPARATE_DQ", "0") == "1"   # the backward's kernels are chosen here, at the forward
+    o, _, _ = forward(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds, separate_dq)
     return o

@@ -132,6 +132,23 @@ def test_output_residual_keeps_the_bias_gradient_exact(dtype, residual):
     assert rel_err(got[4], ref[4]) < 2e-5, rel_err(got[4], ref[4])
 
 
+@pytest.mark.parametrize("N, dtype, activation, transposed", [(17, torch.bfloat16, "softmax", False),
+                                                              (33, torch.float32, "sigmoid", True)])
+def test_separate_dq_kernel(N, dtype, activation, transposed):
+    """dQ from its own kernel (LaunchConfig.separate_dq): matches the reference; dK, dV and dbias are bitwise those of
+    the fused kernel (the same operations), dQ within rounding of it."""
+    q, k, v, bias, mask, do = make_inputs(1, 3, N, 2, 16, dtype, masked=True, transposed=transposed)
+    kw = dict(activation=activation, backend="triton")
+    fused = run(triangle_attention, q, k, v, bias, mask, do, **kw)
+    with launch_config(separate_dq=True):
+        separate = run(triangle_attention, q, k, v, bias, mask, do, **kw)
+    ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double(), activation=activation)
+    for name, g, f, r in zip(("o", "dq", "dk", "dv", "dbias"), separate, fused, ref):
+        assert rel_err(g, r) < TOLERANCE[dtype if name != "dbias" else torch.float32], (name, rel_err(g, r))
+        if name != "dq":
+            assert torch.equal(g, f), name
+
+
 def test_small_tiles_cover_many_tile_loops():
     """16 x 16 tiles: many key and query tiles per row, partial last tiles, several dQ read-modify-writes."""
     q, k, v, bias, mask, do = make_inputs(1, 2, 37, 1, 16, torch.float32, masked=True, transposed=True)
@@ -225,7 +242,7 @@ def test_opcheck_forward_op():
     from mini_of3.kernels.triangle_attention import _fwd_op
     q, k, v, bias, mask, _ = make_inputs(1, 2, 16, 1, 16, torch.float32, masked=True, transposed=False)
     q, k, v, bias = (t.requires_grad_(True) for t in (q, k, v, bias))
-    torch.library.opcheck(_fwd_op, (q, k, v, bias, mask, None, False, 0.25, True, True, True),
+    torch.library.opcheck(_fwd_op, (q, k, v, bias, mask, None, False, 0.25, True, True, True, False),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
