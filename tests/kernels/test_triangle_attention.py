@@ -238,9 +238,10 @@ def test_autotuned_launch_reuses_the_choice_per_key(monkeypatch):
     assert calls[-1][0] == "autotuner"
 
 
-def test_opcheck_forward_op():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])   # bf16: the int8 residual output
+def test_opcheck_forward_op(dtype):
     from mini_of3.kernels.triangle_attention import _fwd_op
-    q, k, v, bias, mask, _ = make_inputs(1, 2, 16, 1, 16, torch.float32, masked=True, transposed=False)
+    q, k, v, bias, mask, _ = make_inputs(1, 2, 16, 1, 16, dtype, masked=True, transposed=False)
     q, k, v, bias = (t.requires_grad_(True) for t in (q, k, v, bias))
     torch.library.opcheck(_fwd_op, (q, k, v, bias, mask, None, False, 0.25, True, True, True, False),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
