@@ -28,9 +28,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
-
-
 @triton.jit
 def _load_tile(ptr, offs_rows, offs_d, stride_row, stride_d, n_rows):
     return tl.load(ptr + offs_rows[:, None] * stride_row + offs_d[None, :] * stride_d,
@@ -45,6 +42,12 @@ def _key_mask(KEY_BIAS, m_base, offs_k, sm_k, J, HAS_KEY_BIAS: tl.constexpr):
         return tl.load(KEY_BIAS + m_base + offs_k * sm_k, mask=offs_k < J, other=float("-inf"))
     else:
         return tl.where(offs_k < J, 0.0, float("-inf"))
+
+
+@triton.jit
+def _base2(scale):
+    """scale * log2(e): the factor that turns raw scores t into the base-2 exponents the kernels use."""
+    return scale * 1.4426950408889634
 
 
 @triton.jit
@@ -132,7 +135,7 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, O, O_LO, LSE,
 
     # scores t = q.k + (bias + beta for sigmoid) / scale, -inf where masked, with the bias term as the MMA's initial
     # accumulator; in base 2 the score is s2 = t * scale2, applied inside the exponent's FMA (one op per score fewer)
-    scale2 = scale * 1.4426950408889634
+    scale2 = _base2(scale)
     if not SIGMOID:
         m_run = tl.full([BLOCK_J], float("-inf"), dtype=tl.float32)
         l_run = tl.zeros([BLOCK_J], dtype=tl.float32)
@@ -262,7 +265,7 @@ def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
         row_base = ((b64 * H + h) * I + i64) * J                      # into LSE, DELTA [B, H, I, J]
         acc_base = DQ_ACC + tl.program_id(0).to(tl.int64) * J * BLOCK_D  # this program's dQ scratch row [J, D]
         g_base = b64 * sg_b + i64 * sg_i + h * sg_h                   # into DQ, DK, DV (same layout)
-        scale2 = scale * 1.4426950408889634
+        scale2 = _base2(scale)
 
         key_mask_next = _key_mask(KEY_BIAS, m_base, offs_kt, sm_k, J, HAS_KEY_BIAS)
         for k0 in range(0, J, BLOCK_K):
@@ -329,7 +332,7 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ,
     bias_base = BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j
     m_base = b64 * sm_b + i64 * sm_i
     lse, delta = _row_stats(LSE, DELTA, ((b64 * H + h) * I + i64) * J, offs_j, in_j, SIGMOID)
-    scale2 = scale * 1.4426950408889634
+    scale2 = _base2(scale)
     dq = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
     key_mask_next = _key_mask(KEY_BIAS, m_base, offs_kt, sm_k, J, HAS_KEY_BIAS)
     for k0 in range(0, J, BLOCK_K):
@@ -387,7 +390,7 @@ def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DBIAS,
     bias = tl.load(BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j + offs_k[None, :] * sb_k,
                    mask=tile_mask, other=0.0).to(tl.float32)
     bias_t = bias * (1.0 / scale)      # the bias in raw-score units (t = q.k + bias / scale)
-    scale2 = scale * 1.4426950408889634
+    scale2 = _base2(scale)
     acc = tl.zeros([BLOCK_J, BLOCK_K], dtype=tl.float32)
     i_start = c * rows_per_chunk
     i_end = tl.minimum(i_start + rows_per_chunk, I)

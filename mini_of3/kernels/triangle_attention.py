@@ -223,10 +223,6 @@ def _bucket(n: int) -> int:
     return 1 << max(4, (n - 1).bit_length())
 
 
-def _strides5(t: torch.Tensor) -> tuple[int, ...]:
-    return tuple(t.stride())
-
-
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
