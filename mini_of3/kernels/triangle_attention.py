@@ -288,11 +288,12 @@ def _lo_unit(residual: torch.Tensor, dtype: torch.dtype) -> float:
     return 2.0 ** -10 if dtype == torch.float16 else 2.0 ** -7
 
 
-def _key_bias(mask: torch.Tensor | None, beta: torch.Tensor | None, scale: float, shape: tuple[int, int, int],
-              device: torch.device) -> torch.Tensor | None:
+def _key_bias(mask: torch.Tensor | None, beta: torch.Tensor | None, scale: float,
+              shape: tuple[int, int, int]) -> torch.Tensor | None:
     """The per-key term of the raw scores, [B, I, K] float32: -inf at masked keys, plus beta_i / scale for sigmoid;
-    None when there is neither. One 4-byte load per key in the kernels, which the pipeliner can prefetch (a bool
-    mask, 1 byte per key, cost ~1 ms at N = 768 in the dbias kernel's serial row loop; NOTES.md, session 2)."""
+    None when there is neither. Built once per call and saved for the backward. One 4-byte load per key in the
+    kernels, which the pipeliner can prefetch (a bool mask, 1 byte per key, cost ~1 ms at N = 768 in the dbias
+    kernel's serial row loop; NOTES.md, session 2)."""
     if mask is None and beta is None:
         return None
     if mask is None:
@@ -308,7 +309,7 @@ def _key_bias_args(key_bias: torch.Tensor | None, fallback: torch.Tensor) -> tup
     return key_bias, key_bias.stride()
 
 
-def _forward(q, k, v, bias, mask, beta, sigmoid: bool, scale: float, residuals: bool, split_p: bool):
+def _forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: bool, split_p: bool):
     B, I, J, H, D = q.shape
     config = _override or default_config(D)
     o = _new((B, I, J, H, D), q.dtype, q.device)
@@ -317,7 +318,6 @@ def _forward(q, k, v, bias, mask, beta, sigmoid: bool, scale: float, residuals: 
     o_lo = _new((B, I, J, H, D), residual_dtype, q.device) if store_residuals and q.dtype != torch.float32 else \
         o.new_empty(0, dtype=residual_dtype)
     lse = _new((B, H, I, J), torch.float32, q.device) if store_residuals else o.new_empty(0, dtype=torch.float32)
-    key_bias = _key_bias(mask, beta, scale, (B, I, J), q.device)
     kb_arg, kb_strides = _key_bias_args(key_bias, q)
     args = (q, k, v, bias, kb_arg, o, o_lo if o_lo.numel() else o,
             lse if lse.numel() else o,
@@ -337,12 +337,11 @@ def _forward(q, k, v, bias, mask, beta, sigmoid: bool, scale: float, residuals: 
     return o, o_lo, lse
 
 
-def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale: float, split_ds: bool,
+def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: float, split_ds: bool,
               separate_dq: bool):
     B, I, J, H, D = q.shape
     config = _override or default_config(D)
     device = q.device
-    key_bias = _key_bias(mask, beta, scale, (B, I, J), device)
     kb_arg, kb_strides = _key_bias_args(key_bias, q)
     dot_prec = _dot_precision(q.dtype)
 
@@ -420,15 +419,14 @@ def _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid: bool, scale:
 
 
 @torch.library.custom_op("mini_of3::triangle_attention_fwd", mutates_args=())
-def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor | None,
-            beta: torch.Tensor | None, sigmoid: bool, scale: float, residuals: bool, split_p: bool, split_ds: bool,
-            separate_dq: bool
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, key_bias: torch.Tensor | None,
+            sigmoid: bool, scale: float, residuals: bool, split_p: bool, split_ds: bool, separate_dq: bool
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _forward(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p)
+    return _forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p)
 
 
 @_fwd_op.register_fake
-def _fwd_fake(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds, separate_dq):
+def _fwd_fake(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq):
     B, I, J, H, D = q.shape
     keep = residuals and not sigmoid
     o = q.new_empty((B, I, J, H, D))
@@ -440,31 +438,31 @@ def _fwd_fake(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, spl
 
 @torch.library.custom_op("mini_of3::triangle_attention_bwd", mutates_args=())
 def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
-            mask: torch.Tensor | None, beta: torch.Tensor | None, o: torch.Tensor, o_lo: torch.Tensor,
-            lse: torch.Tensor, sigmoid: bool, scale: float, split_ds: bool, separate_dq: bool
+            key_bias: torch.Tensor | None, o: torch.Tensor, o_lo: torch.Tensor, lse: torch.Tensor, sigmoid: bool,
+            scale: float, split_ds: bool, separate_dq: bool
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid, scale, split_ds, separate_dq)
+    return _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid, scale, split_ds, separate_dq)
 
 
 @_bwd_op.register_fake
-def _bwd_fake(do, q, k, v, bias, mask, beta, o, o_lo, lse, sigmoid, scale, split_ds, separate_dq):
+def _bwd_fake(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid, scale, split_ds, separate_dq):
     return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), bias.new_empty(bias.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds, separate_dq = inputs
+    q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq = inputs
     o, o_lo, lse = output
-    ctx.save_for_backward(q, k, v, bias, mask, beta, o, o_lo, lse)
+    ctx.save_for_backward(q, k, v, bias, key_bias, o, o_lo, lse)
     ctx.sigmoid, ctx.scale, ctx.split_ds, ctx.separate_dq = sigmoid, scale, split_ds, separate_dq
     ctx.mark_non_differentiable(o_lo, lse)
     ctx.set_materialize_grads(False)     # no zero-filled gradients for o_lo and lse (saves one o-sized tensor)
 
 
 def _autograd_backward(ctx, do, _do_lo, _dlse, backward=_bwd_op):
-    q, k, v, bias, mask, beta, o, o_lo, lse = ctx.saved_tensors
-    dq, dk, dv, dbias = backward(do, q, k, v, bias, mask, beta, o, o_lo, lse, ctx.sigmoid, ctx.scale, ctx.split_ds,
+    q, k, v, bias, key_bias, o, o_lo, lse = ctx.saved_tensors
+    dq, dk, dv, dbias = backward(do, q, k, v, bias, key_bias, o, o_lo, lse, ctx.sigmoid, ctx.scale, ctx.split_ds,
                                  ctx.separate_dq)
-    return dq, dk, dv, dbias, None, None, None, None, None, None, None, None
+    return dq, dk, dv, dbias, None, None, None, None, None, None, None
 
 
 _fwd_op.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -476,9 +474,9 @@ class _EagerTriangleAttention(torch.autograd.Function):
     N <= 256, where the kernels take ~0.1 ms. Under torch.compile the custom ops are used, opaque to the compiler."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds, separate_dq):
-        output = _forward(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p)
-        _setup_context(ctx, (q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds, separate_dq),
+    def forward(ctx, q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq):
+        output = _forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p)
+        _setup_context(ctx, (q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq),
                        output)
         return output
 
@@ -538,5 +536,6 @@ def triangle_attention(
     forward = _fwd_op if torch.compiler.is_compiling() else _EagerTriangleAttention.apply
     separate_dq = config.separate_dq if config.separate_dq is not None else \
         os.environ.get("MINI_OF3_SEPARATE_DQ", "0") == "1"   # the backward's kernels are chosen here, at the forward
-    o, _, _ = forward(q, k, v, bias, mask, beta, sigmoid, scale, residuals, split_p, split_ds, separate_dq)
+    key_bias = _key_bias(mask, beta, scale, (B, I, J))      # once, for the forward and its backward
+    o, _, _ = forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq)
     return o

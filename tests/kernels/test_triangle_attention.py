@@ -243,7 +243,8 @@ def test_opcheck_forward_op(dtype):
     from mini_of3.kernels.triangle_attention import _fwd_op
     q, k, v, bias, mask, _ = make_inputs(1, 2, 16, 1, 16, dtype, masked=True, transposed=False)
     q, k, v, bias = (t.requires_grad_(True) for t in (q, k, v, bias))
-    torch.library.opcheck(_fwd_op, (q, k, v, bias, mask, None, False, 0.25, True, True, True, False),
+    key_bias = torch.where(mask, 0.0, float("-inf"))
+    torch.library.opcheck(_fwd_op, (q, k, v, bias, key_bias, False, 0.25, True, True, True, False),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
