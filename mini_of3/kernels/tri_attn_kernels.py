@@ -182,7 +182,8 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, O, O_LO, LSE,
 def _residual_to_int8(acc, o, LO_UNIT: tl.constexpr):
     """The rounding residual acc - o as int8 in units of |o| * LO_UNIT / 127. LO_UNIT bounds |acc - o| / |o| (2^-7 for
     bf16, 2^-10 for fp16: one ulp, so that truncating conversions fit too); the stored residual is then exact to
-    |o| * LO_UNIT / 254, 2^-15 of o in bf16: a quarter of the memory of a residual in o's dtype, and as good for delta."""
+    |o| * LO_UNIT / 254, 2^-15 of o in bf16: a quarter of the memory of a residual in o's dtype, and as good for
+    delta."""
     unit = tl.abs(o) * (LO_UNIT / 127.0)
     steps = tl.where(unit > 0.0, tl.fdiv(acc - o, tl.where(unit > 0.0, unit, 1.0)), 0.0)   # approximate division
     return tl.minimum(tl.maximum(tl.floor(steps + 0.5), -127.0), 127.0).to(tl.int8)

@@ -195,22 +195,38 @@ def _tuned_kernel(name: str, kernel, configs, extra_key: tuple[str, ...] = ()):
 _chosen: dict[tuple, triton.Config] = {}
 
 
-def _launch_tuned(name: str, kernel, configs, grid, args: tuple, j_bucket: int, constexprs: dict,
-                  extra_key: tuple[str, ...] = ()) -> None:
-    """Launch ``kernel`` with the autotuned config of this key (the autotuner's: J_BUCKET, D, the flags, the dtypes).
-    The first call of a key runs Triton's autotuner (its choice cached on disk across processes); later calls launch
-    the chosen config directly: the autotuner's own per-call work (it rebuilds a dict of ~50 arguments to find its
-    key) costs ~25 µs per launch on a 2-core CPU, a tenth of a small call's host time."""
-    key = (name, j_bucket, constexprs["BLOCK_D"], constexprs["HAS_KEY_BIAS"], constexprs["SIGMOID"],
-           *(constexprs[k] for k in extra_key), *(a.dtype for a in args if isinstance(a, torch.Tensor)))
-    config = _chosen.get(key)
-    if config is None:
-        tuned = _tuned_kernel(name, kernel, configs, extra_key)
-        tuned[grid](*args, j_bucket, **constexprs)
-        _chosen[key] = tuned.best_config
+def _launch(name: str, kernel, configs: list[triton.Config], fixed: triton.Config, grid, args: tuple,
+            j_bucket: int, constexprs: dict, extra_key: tuple[str, ...] = ()) -> None:
+    """Launch ``kernel`` with ``fixed`` (under the interpreter, MINI_OF3_AUTOTUNE=0 or a ``launch_config``), else with
+    the autotuned config of this key (the autotuner's: J_BUCKET, D, the flags, the dtypes). The first call of a key
+    runs Triton's autotuner over ``configs`` (its choice cached on disk across processes); later calls launch the
+    chosen config directly: the autotuner's own per-call work (it rebuilds a dict of ~50 arguments to find its key)
+    costs ~25 µs per launch on a 2-core CPU, a tenth of a small call's host time. ``grid`` is a tuple or a function
+    of the config's block sizes."""
+    if not _autotune_enabled():
+        config = fixed
     else:
-        launch_grid = grid(config.kwargs) if callable(grid) else grid
-        kernel[launch_grid](*args, j_bucket, **constexprs, **config.all_kwargs())
+        key = (name, j_bucket, constexprs["BLOCK_D"], constexprs["HAS_KEY_BIAS"], constexprs["SIGMOID"],
+               *(constexprs[k] for k in extra_key), *(a.dtype for a in args if isinstance(a, torch.Tensor)))
+        config = _chosen.get(key)
+        if config is None:
+            tuned = _tuned_kernel(name, kernel, configs, extra_key)
+            tuned[grid](*args, j_bucket, **constexprs)
+            _chosen[key] = tuned.best_config
+            return
+    launch_grid = grid(config.kwargs) if callable(grid) else grid
+    kernel[launch_grid](*args, j_bucket, **constexprs, **config.all_kwargs())
+
+
+def _fixed_fwd(config: LaunchConfig) -> triton.Config:
+    """The fixed forward-shaped launch (the forward and the dQ kernel) of a LaunchConfig."""
+    return triton.Config({"BLOCK_J": config.fwd_block_j, "BLOCK_K": config.fwd_block_k}, num_warps=config.fwd_warps,
+                         num_stages=config.fwd_stages)
+
+
+def _query_tile_grid(B: int, I: int, J: int, H: int):
+    """One program per (query tile, head, row, batch), the order of _query_tile_program."""
+    return lambda meta: (B * I * H * triton.cdiv(J, meta["BLOCK_J"]),)
 
 
 def autotuned_configs() -> dict[str, dict[str, str]]:
@@ -322,18 +338,12 @@ def _forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: bo
     args = (q, k, v, bias, kb_arg, o, o_lo if o_lo.numel() else o,
             lse if lse.numel() else o,
             *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *o.stride(), B, I, J, H, scale)
-    flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, STORE_LSE=store_residuals, STORE_LO=o_lo.numel() > 0,
-                 LO_UNIT=_lo_unit(o_lo, q.dtype),
-                 SPLIT_P=split_p, FAST_EXP=_use_fast_exp(config, q.device),
+    flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, STORE_LSE=store_residuals,
+                 STORE_LO=o_lo.numel() > 0, LO_UNIT=_lo_unit(o_lo, q.dtype), SPLIT_P=split_p, FAST_EXP=_use_fast_exp(config, q.device),
                  DOT_PREC=_dot_precision(q.dtype),
                  BLOCK_D=D)
-    if _autotune_enabled():
-        grid = lambda meta: (B * I * H * triton.cdiv(J, meta["BLOCK_J"]),)
-        _launch_tuned("fwd", K._fwd, _fwd_configs(D), grid, args, _bucket(J), flags, ("SPLIT_P",))
-    else:
-        grid = (B * I * H * triton.cdiv(J, config.fwd_block_j),)
-        K._fwd[grid](*args, _bucket(J), **flags, BLOCK_J=config.fwd_block_j, BLOCK_K=config.fwd_block_k,
-                     num_warps=config.fwd_warps, num_stages=config.fwd_stages)
+    _launch("fwd", K._fwd, _fwd_configs(D), _fixed_fwd(config), _query_tile_grid(B, I, J, H), args, _bucket(J),
+            flags, ("SPLIT_P",))
     return o, o_lo, lse
 
 
@@ -371,12 +381,9 @@ def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: f
     part = dbias[None] if chunks == 1 else torch.empty((chunks, B, H, J, J), dtype=torch.float32, device=device)
     dbias_args = (*common, part, *strides, *part.stride(), B, I, J, H, scale, rows_per_chunk)
     grid = (tiles * chunks,)
-    if _autotune_enabled():
-        _launch_tuned("dbias", K._bwd_dbias, _dbias_configs(), grid, dbias_args, _bucket(J),
-                      dict(flags, BLOCK_J=block, BLOCK_K=block))
-    else:
-        K._bwd_dbias[grid](*dbias_args, _bucket(J), **flags, BLOCK_J=block, BLOCK_K=block,
-                           num_warps=config.dbias_warps, num_stages=config.dbias_stages)
+    _launch("dbias", K._bwd_dbias, _dbias_configs(),
+            triton.Config({}, num_warps=config.dbias_warps, num_stages=config.dbias_stages), grid, dbias_args,
+            _bucket(J), dict(flags, BLOCK_J=block, BLOCK_K=block))
     if chunks > 1:
         n = dbias.numel()
         K._sum_chunks[(triton.cdiv(n, 1024),)](part, dbias, chunks, n, BLOCK=1024, num_warps=4)
@@ -394,23 +401,14 @@ def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: f
     dq_acc = dq if separate_dq else torch.empty((programs, J, D), dtype=torch.float32, device=device)
     dqkv_args = (*common, dq_acc, dq, dk, dv, *strides, *dq.stride(), B, I, J, H, scale)
     dqkv_flags = dict(flags, SPLIT_DS=split_ds, COMPUTE_DQ=not separate_dq)
-    if _autotune_enabled():
-        _launch_tuned("dqkv", K._bwd_dqkv, _bwd_configs(D), (programs,), dqkv_args, _bucket(J), dqkv_flags,
-                      ("SPLIT_DS", "COMPUTE_DQ"))
-    else:
-        K._bwd_dqkv[(programs,)](*dqkv_args, _bucket(J), **dqkv_flags, BLOCK_J=config.bwd_block_j,
-                                  BLOCK_K=config.bwd_block_k, num_warps=config.bwd_warps,
-                                  num_stages=config.bwd_stages)
-    if separate_dq:
+    fixed_dqkv = triton.Config({"BLOCK_J": config.bwd_block_j, "BLOCK_K": config.bwd_block_k},
+                               num_warps=config.bwd_warps, num_stages=config.bwd_stages)
+    _launch("dqkv", K._bwd_dqkv, _bwd_configs(D), fixed_dqkv, (programs,), dqkv_args, _bucket(J), dqkv_flags,
+            ("SPLIT_DS", "COMPUTE_DQ"))
+    if separate_dq:   # the dQ kernel has the forward's shape and takes its block sizes
         dq_args = (*common, dq, *strides, *dq.stride(), B, I, J, H, scale)
-        dq_flags = dict(flags, SPLIT_DS=split_ds)
-        if _autotune_enabled():
-            grid = lambda meta: (B * I * H * triton.cdiv(J, meta["BLOCK_J"]),)
-            _launch_tuned("dq", K._bwd_dq, _fwd_configs(D), grid, dq_args, _bucket(J), dq_flags, ("SPLIT_DS",))
-        else:
-            K._bwd_dq[(B * I * H * triton.cdiv(J, config.fwd_block_j),)](
-                *dq_args, _bucket(J), **dq_flags, BLOCK_J=config.fwd_block_j, BLOCK_K=config.fwd_block_k,
-                num_warps=config.fwd_warps, num_stages=config.fwd_stages)
+        _launch("dq", K._bwd_dq, _fwd_configs(D), _fixed_fwd(config), _query_tile_grid(B, I, J, H), dq_args,
+                _bucket(J), dict(flags, SPLIT_DS=split_ds), ("SPLIT_DS",))
     return dq, dk, dv, dbias
 
 

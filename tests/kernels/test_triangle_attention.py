@@ -209,7 +209,8 @@ def test_eager_calls_skip_the_dispatcher(monkeypatch):
 
 def test_autotuned_launch_reuses_the_choice_per_key(monkeypatch):
     """The first launch of a key goes through the autotuner; later ones launch its choice directly (grid from the
-    chosen block sizes, the launch options passed); a new key (here fp32 tensors instead of bf16) tunes again."""
+    chosen block sizes, the launch options passed); a new key (here fp32 tensors instead of bf16) tunes again;
+    without autotuning the fixed config is launched."""
     import sys
 
     import triton
@@ -226,16 +227,23 @@ def test_autotuned_launch_reuses_the_choice_per_key(monkeypatch):
 
     monkeypatch.setattr(module, "_tuned_kernel", lambda *args: Launcher("autotuner"))
     monkeypatch.setattr(module, "_chosen", {})
+    monkeypatch.setattr(module, "_autotune_enabled", lambda: True)
     grid = lambda meta: (10 * meta["BLOCK_J"],)  # noqa: E731
     flags = dict(BLOCK_D=32, HAS_KEY_BIAS=True, SIGMOID=False, SPLIT_P=True)
     bf16 = torch.zeros(2, dtype=torch.bfloat16)
     for _ in range(3):
-        module._launch_tuned("fwd", Launcher("direct"), [], grid, (bf16, 3), 1024, flags, ("SPLIT_P",))
+        module._launch("fwd", Launcher("direct"), [], None, grid, (bf16, 3), 1024, flags, ("SPLIT_P",))
     assert [kind for kind, _, _ in calls] == ["autotuner", "direct", "direct"]
     _, launch_grid, kwargs = calls[1]
     assert launch_grid == (640,) and kwargs["BLOCK_J"] == 64 and kwargs["num_stages"] == 3 and kwargs["SPLIT_P"]
-    module._launch_tuned("fwd", Launcher("direct"), [], grid, (bf16.float(), 3), 1024, flags, ("SPLIT_P",))
+    module._launch("fwd", Launcher("direct"), [], None, grid, (bf16.float(), 3), 1024, flags, ("SPLIT_P",))
     assert calls[-1][0] == "autotuner"
+    # without autotuning (interpreter, MINI_OF3_AUTOTUNE=0, launch_config) the fixed config is launched as given
+    monkeypatch.setattr(module, "_autotune_enabled", lambda: False)
+    fixed = triton.Config({"BLOCK_J": 16, "BLOCK_K": 16}, num_warps=2, num_stages=1)
+    module._launch("fwd", Launcher("direct"), [], fixed, grid, (bf16, 3), 1024, flags, ("SPLIT_P",))
+    kind, launch_grid, kwargs = calls[-1]
+    assert kind == "direct" and launch_grid == (160,) and kwargs["num_warps"] == 2 and kwargs["BLOCK_K"] == 16
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])   # bf16: the int8 residual output
