@@ -137,8 +137,8 @@ def main(argv: list[str] | None = None) -> None:
                   f"{c['same_entries_every_step']}, loss rel. diff max {c['loss_max_rel_diff']:.1e} (median "
                   f"{c['loss_median_rel_diff']:.1e}) over {c['steps_compared']} steps, peak x{c['peak_ratio']:.2f}")
         for r in (r for r in rows if r.get("split") == "val"):
-            print(f"  val step {r['step']:>5}: lDDT-Ca {r['lddt_ca']:.3f}  TM {r['tm_score']:.3f}  RMSD {r['rmsd']:.1f} A"
-                  f"  distogram acc {r['distogram_accuracy']:.3f}  loss {r['loss']:.3f}")
+            print(f"  val step {r['step']:>5}: lDDT-Ca {r['lddt_ca']:.3f}  TM {r['tm_score']:.3f}  "
+                  f"RMSD {r['rmsd']:.1f} A  distogram acc {r['distogram_accuracy']:.3f}  loss {r['loss']:.3f}")
     result["validation"] = {name: [r for r in rows if r.get("split") == "val"] for name, rows, _ in runs}
     result["log"] = {name: train_rows(rows) for name, rows, _ in runs}
     if args.out:

@@ -339,9 +339,8 @@ def _forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: bo
             lse if lse.numel() else o,
             *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *o.stride(), B, I, J, H, scale)
     flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, STORE_LSE=store_residuals,
-                 STORE_LO=o_lo.numel() > 0, LO_UNIT=_lo_unit(o_lo, q.dtype), SPLIT_P=split_p, FAST_EXP=_use_fast_exp(config, q.device),
-                 DOT_PREC=_dot_precision(q.dtype),
-                 BLOCK_D=D)
+                 STORE_LO=o_lo.numel() > 0, LO_UNIT=_lo_unit(o_lo, q.dtype), SPLIT_P=split_p,
+                 FAST_EXP=_use_fast_exp(config, q.device), DOT_PREC=_dot_precision(q.dtype), BLOCK_D=D)
     _launch("fwd", K._fwd, _fwd_configs(D), _fixed_fwd(config), _query_tile_grid(B, I, J, H), args, _bucket(J),
             flags, ("SPLIT_P",))
     return o, o_lo, lse
