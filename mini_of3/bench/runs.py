@@ -13,21 +13,21 @@ second, whether every step saw the same entries, and the largest relative differ
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
 import yaml
 
 from mini_of3.bench.common import result_header, write_json
+from mini_of3.training.runlog import LOG_FILE, read_log
 
 
 def load_run(run_dir: Path) -> tuple[list[dict], dict]:
     """(the JSONL rows, the saved config) of a run folder."""
-    log = run_dir / "log.jsonl"
+    log = run_dir / LOG_FILE
     if not log.is_file():
-        raise SystemExit(f"{run_dir}: no log.jsonl (did the run start?)")
-    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        raise SystemExit(f"{run_dir}: no {LOG_FILE} (did the run start?)")
+    rows = read_log(log)
     config_path = run_dir / "config.yaml"
     config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
     return rows, config
