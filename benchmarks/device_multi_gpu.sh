@@ -10,9 +10,7 @@
 #                   GPUs (per-GPU peak memory; DDP may run out of memory, which is then the finding).
 set -u
 part=${1:?usage: device_multi_gpu.sh ddp384|ddp768|fsdp768 [STEPS]}
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=index,name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+source benchmarks/device_env.sh
 out=$OUT/$part
 mkdir -p "$out"
 common=(wandb=false data.root=.device/data/cache data.cache_dir=.device/data/cache 'data.val_ids=[1AKI]'

@@ -5,9 +5,7 @@
 #   bash benchmarks/device_train.sh CONFIG STEPS [key=value ...]
 set -u
 config=${1:-configs/crop384.yaml}; steps=${2:-200}; shift 2 || true
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+source benchmarks/device_env.sh
 run=/tmp/run
 # ACCELERATE_ARGS replaces the launcher's options, e.g. "--config_file configs/accelerate/fsdp.yaml --num_processes 1"
 timeout -k 15 "${TRAIN_TIMEOUT:-400}" accelerate launch \
