@@ -113,6 +113,19 @@ def _query_tile_program(J, H, I, BLOCK_J: tl.constexpr):
 
 
 @triton.jit
+def _key_tile_scores(q, k_base, v_base, bias_rows, key_mask, offs_j, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, sb_k, J,
+                     scale, DOT_PREC: tl.constexpr):
+    """k, v [BK, D] of one key tile and the raw scores t = q.k + bias / scale + key term [BJ, BK] of the query tile
+    (bias_rows: the bias pointers of its rows); the forward and the dQ kernel share it, so both see the same t."""
+    k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                      # [BK, D]
+    v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                      # [BK, D]
+    bias = tl.load(bias_rows + offs_k[None, :] * sb_k, mask=(offs_j[:, None] < J) & (offs_k[None, :] < J),
+                   other=0.0).to(tl.float32)                                                   # [BJ, BK]
+    t = _dot(q, tl.trans(k), DOT_PREC, acc=bias * (1.0 / scale) + key_mask[None, :])
+    return k, v, t
+
+
+@triton.jit
 def _fwd(Q, K, V, BIAS, KEY_BIAS, O, O_LO, LSE,
          sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
          sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k,
@@ -147,11 +160,8 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, O, O_LO, LSE,
         offs_k = k0 + offs_kt
         key_mask = key_mask_next                                                                  # [BK]
         key_mask_next = _key_mask(KEY_BIAS, m_base, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
-        k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                  # [BK, D]
-        v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                  # [BK, D]
-        bias = tl.load(bias_base + offs_k[None, :] * sb_k,
-                       mask=(offs_j[:, None] < J) & (offs_k[None, :] < J), other=0.0).to(tl.float32)
-        t = _dot(q, tl.trans(k), DOT_PREC, acc=bias * (1.0 / scale) + key_mask[None, :])       # [BJ, BK]
+        k, v, t = _key_tile_scores(q, k_base, v_base, bias_base, key_mask, offs_j, offs_k, offs_d,
+                                   sk_j, sk_d, sv_j, sv_d, sb_k, J, scale, DOT_PREC)          # t: [BJ, BK]
         if SIGMOID:
             acc += _dot_split(_sigmoid2(t * scale2, FAST_EXP), v, SPLIT_P, DOT_PREC)
         else:
@@ -340,11 +350,8 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ,
         offs_k = k0 + offs_kt
         key_mask = key_mask_next
         key_mask_next = _key_mask(KEY_BIAS, m_base, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
-        k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                  # [BK, D]
-        v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                  # [BK, D]
-        bias = tl.load(bias_base + offs_k[None, :] * sb_k, mask=in_j[:, None] & (offs_k[None, :] < J),
-                       other=0.0).to(tl.float32)                                               # [BJ, BK]
-        t = _dot(q, tl.trans(k), DOT_PREC, acc=bias * (1.0 / scale) + key_mask[None, :])       # [BJ, BK]
+        k, v, t = _key_tile_scores(q, k_base, v_base, bias_base, key_mask, offs_j, offs_k, offs_d,
+                                   sk_j, sk_d, sv_j, sv_d, sb_k, J, scale, DOT_PREC)          # t: [BJ, BK]
         dp = _dot(do, tl.trans(v), DOT_PREC)                                                   # [BJ, BK]
         _, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
         dq += _dot_split(ds, k, SPLIT_DS, DOT_PREC)                                            # [BJ, D]
