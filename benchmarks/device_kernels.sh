@@ -7,10 +7,10 @@ set -u
 tag=${1:-dev}; ns=${2:-256,384,512,640,768}; ds=${3:-32}
 : "${MINI_OF3_COMMIT:?set MINI_OF3_COMMIT to the commit measured}"
 source benchmarks/device_env.sh
-MINI_OF3_AUTOTUNE=0 timeout 120 python3 -m pytest tests/kernels tests/model/test_backends.py -q -x \
+MINI_OF3_AUTOTUNE=0 timeout 120 python3 -m pytest tests/kernels -q -x \
   -p no:cacheprovider 2>&1 | tail -3
-timeout 150 python3 benchmarks/explore_tri_attn.py > "$OUT/explore.log" 2>&1
+timeout 180 python3 benchmarks/explore_tri_attn.py > "$OUT/explore.log" 2>&1
 timeout 300 python3 -m mini_of3.bench kernels --ns "$ns" --ds "$ds" \
-  --impls mini_of3,mini_of3_bf16bias,mini_of3_sepdq,trifast,cueq,of3_triton --check-ns 256,768 \
+  --impls mini_of3,mini_of3_bf16bias,mini_of3_fused,trifast,cueq,of3_triton --check-ns 256,768 \
   --out "$OUT" --tag "$tag" 2>&1 | grep -v '^{' | tail -80
 tail -12 "$OUT/explore.log"

@@ -38,9 +38,9 @@ def _same(t: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 def _mini_of3(name: str, bias_fp32: bool = True, fixed: bool = False, split: bool = True,
-              separate_dq: bool = False) -> Impl:
+              separate_dq: bool = True) -> Impl:
     """Ours, autotuned (or the fixed default configuration), with a float32 or bf16 bias, with or without the hi+lo
-    split of p and dS (the speed/accuracy trade-off, NOTES.md), with dQ fused or in its own kernel."""
+    split of p and dS (the speed/accuracy trade-off, NOTES.md), with dQ in its own kernel (the default) or fused with dK, dV."""
     def native(q, k, v, bias, mask):
         return q, k, v, bias if bias_fp32 else bias.to(q.dtype), mask
 
@@ -125,7 +125,7 @@ FACTORIES: dict[str, Callable[[], Impl]] = {
     "mini_of3_bf16bias": lambda: _mini_of3("mini_of3_bf16bias", bias_fp32=False),
     "mini_of3_fixed": lambda: _mini_of3("mini_of3_fixed", fixed=True),
     "mini_of3_nosplit": lambda: _mini_of3("mini_of3_nosplit", split=False),
-    "mini_of3_sepdq": lambda: _mini_of3("mini_of3_sepdq", separate_dq=True),
+    "mini_of3_fused": lambda: _mini_of3("mini_of3_fused", separate_dq=False),
     "trifast": _trifast,
     "cueq": _cueq,
     "of3_triton": _of3_triton,

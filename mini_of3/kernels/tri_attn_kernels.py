@@ -321,16 +321,24 @@ def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
 
 
 @triton.jit
-def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ,
+def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ,
             sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
             sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
-            sg_b, sg_i, sg_j, sg_h, sg_d,
+            so_b, so_i, so_j, so_h, so_d, sg_b, sg_i, sg_j, sg_h, sg_d,
             B, I, J, H, scale, J_BUCKET,
             HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr, FAST_EXP: tl.constexpr,
-            DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+            DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+            COMPUTE_DELTA: tl.constexpr = False):
     """dQ alone, one program per (query tile, head, row, batch) as the forward: a loop over key tiles recomputes p
     and dS = p (dP - delta) and accumulates dQ = dS k in registers (no scratch, no transpose). With
-    _bwd_dqkv(COMPUTE_DQ=False) it replaces the fused dq/dk/dv kernel at the cost of one more recomputation."""
+    _bwd_dqkv(COMPUTE_DQ=False) it replaces the fused dq/dk/dv kernel at the cost of one more recomputation.
+
+    COMPUTE_DELTA (softmax): delta is not given but made here, exactly, for this kernel and the later ones. The loop
+    runs with delta0 = rowsum(dO * o) from the rounded output o and also sums the exact delta = rowsum(p * dP)
+    (= dO . sum_k p_k v_k, the unrounded output) and pk = sum_k p_k k_k; since dQ is linear in delta,
+        dQ(delta) = dQ(delta0) - (delta - delta0) pk,
+    and the correction is exact to the product of two small errors (delta - delta0 ~ 2^-9 delta, pk's rounding of p
+    ~ 2^-9): the output's rounding residual need not be stored (TurboPairFormer compensates it as well)."""
     jb, h, i64, b64 = _query_tile_program(J, H, I, BLOCK_J)
     offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
     offs_d = tl.arange(0, BLOCK_D)
@@ -342,7 +350,15 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ,
     v_base = V + b64 * sv_b + i64 * sv_i + h * sv_h
     bias_base = BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j
     m_base = b64 * sm_b + i64 * sm_i
-    lse, delta = _row_stats(LSE, DELTA, ((b64 * H + h) * I + i64) * J, offs_j, in_j, SIGMOID)
+    row_base = ((b64 * H + h) * I + i64) * J                          # into LSE, DELTA [B, H, I, J]
+    if COMPUTE_DELTA:
+        lse = tl.load(LSE + row_base + offs_j, mask=in_j, other=float("inf"))
+        o = _load_tile(O + b64 * so_b + i64 * so_i + h * so_h, offs_j, offs_d, so_j, so_d, J)  # [BJ, D]
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)                            # delta0 [BJ]
+        delta_exact = tl.zeros([BLOCK_J], dtype=tl.float32)
+        pk = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
+    else:
+        lse, delta = _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID)
     scale2 = _base2(scale)
     dq = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
     key_mask_next = _key_mask(KEY_BIAS, m_base, offs_kt, sm_k, J, HAS_KEY_BIAS)
@@ -353,8 +369,14 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ,
         k, v, t = _key_tile_scores(q, k_base, v_base, bias_base, key_mask, offs_j, offs_k, offs_d,
                                    sk_j, sk_d, sv_j, sv_d, sb_k, J, scale, DOT_PREC)          # t: [BJ, BK]
         dp = _dot(do, tl.trans(v), DOT_PREC)                                                   # [BJ, BK]
-        _, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
+        p, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
         dq += _dot_split(ds, k, SPLIT_DS, DOT_PREC)                                            # [BJ, D]
+        if COMPUTE_DELTA:
+            delta_exact += tl.sum(p * dp, 1)
+            pk = _dot(p.to(k.dtype), k, DOT_PREC, acc=pk)                                      # [BJ, D]
+    if COMPUTE_DELTA:
+        dq -= (delta_exact - delta)[:, None] * pk
+        tl.store(DELTA + row_base + offs_j, delta_exact, mask=in_j)
     g_ptrs = b64 * sg_b + i64 * sg_i + h * sg_h + offs_j[:, None] * sg_j + offs_d[None, :] * sg_d
     tl.store(DQ + g_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=in_j[:, None])
 

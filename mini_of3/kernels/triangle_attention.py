@@ -117,11 +117,13 @@ class LaunchConfig:
                                       # when the forward keeps residuals for a backward, off for inference)
     split_ds: bool | None = None      # hi+lo split of dS in dS @ k and dS^T @ q (None: MINI_OF3_SPLIT_DS, default on)
     fast_exp: bool | None = None      # ex2.approx.ftz / rcp.approx through inline PTX (None: on for CUDA)
-    residual: str | None = None       # the output's rounding residual kept for the backward: "int8" (a quarter of o's
-                                      # bytes) or "input" (o's dtype); None: MINI_OF3_RESIDUAL, default int8
-    separate_dq: bool | None = None   # dQ in its own kernel (_bwd_dq, launched with the fwd_* block sizes) and a dK/dV
-                                      # kernel without it; None: MINI_OF3_SEPARATE_DQ=1, default off. Like the
-                                      # splits, chosen at the forward call and kept for its backward
+    residual: str | None = None       # (fused backward only) the output's rounding residual kept for the backward:
+                                      # "int8" (a quarter of o's bytes) or "input" (o's dtype); None:
+                                      # MINI_OF3_RESIDUAL, default int8
+    separate_dq: bool | None = None   # dQ in its own kernel (_bwd_dq, launched with the fwd_* block sizes, which also
+                                      # makes the exact delta: no residual is stored) and a dK/dV kernel without it;
+                                      # False: the fused dq/dk/dv kernel with a residual. None: MINI_OF3_SEPARATE_DQ,
+                                      # default on. Like the splits, chosen at the forward call for its backward
 
 
 def default_config(head_dim: int) -> LaunchConfig:
@@ -130,7 +132,7 @@ def default_config(head_dim: int) -> LaunchConfig:
     if _interpreting():
         return LaunchConfig(32, 32, 4, 1, 32, 32, 4, 1, 32, 4, 1)
     if head_dim <= 32:
-        return LaunchConfig(64, 32, 4, 3, 64, 128, 8, 1, 64, 4, 2)
+        return LaunchConfig(64, 32, 4, 3, 64, 128, 8, 1, 64, 4, 3)
     if head_dim == 64:
         return LaunchConfig(64, 32, 4, 2, 32, 64, 4, 2, 64, 4, 1)
     return LaunchConfig(32, 32, 4, 2, 32, 32, 4, 2, 32, 4, 1)
@@ -176,7 +178,7 @@ def _bwd_configs(head_dim: int) -> list[triton.Config]:
 
 
 def _dbias_configs() -> list[triton.Config]:
-    return [triton.Config({}, num_warps=w, num_stages=s) for w, s in ((4, 1), (4, 2), (8, 1), (8, 2))]
+    return [triton.Config({}, num_warps=w, num_stages=s) for w, s in ((4, 1), (4, 2), (4, 3), (8, 1), (8, 2))]
 
 
 _tuned: dict[str, object] = {}
@@ -304,6 +306,12 @@ def _lo_unit(residual: torch.Tensor, dtype: torch.dtype) -> float:
     return 2.0 ** -10 if dtype == torch.float16 else 2.0 ** -7
 
 
+def _keeps_lo(residuals: bool, sigmoid: bool, fused_backward: bool, dtype: torch.dtype) -> bool:
+    """Whether the forward stores the output's rounding residual: only for the fused backward (the separate dQ
+    kernel makes the exact delta itself), for softmax, 16-bit inputs, and when a backward follows."""
+    return residuals and not sigmoid and fused_backward and dtype != torch.float32
+
+
 def _key_bias(mask: torch.Tensor | None, beta: torch.Tensor | None, scale: float,
               shape: tuple[int, int, int]) -> torch.Tensor | None:
     """The per-key term of the raw scores, [B, I, K] float32: -inf at masked keys, plus beta_i / scale for sigmoid;
@@ -325,13 +333,15 @@ def _key_bias_args(key_bias: torch.Tensor | None, fallback: torch.Tensor) -> tup
     return key_bias, key_bias.stride()
 
 
-def _forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: bool, split_p: bool):
+def _forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: bool, split_p: bool, store_lo: bool):
+    """o, and for a backward (``residuals``, softmax) lse and, with ``store_lo`` (the fused backward), the output's
+    rounding residual o_lo (else an empty tensor)."""
     B, I, J, H, D = q.shape
     config = _override or default_config(D)
     o = _new((B, I, J, H, D), q.dtype, q.device)
     store_residuals = residuals and not sigmoid
     residual_dtype = _residual_dtype(config, q.dtype)
-    o_lo = _new((B, I, J, H, D), residual_dtype, q.device) if store_residuals and q.dtype != torch.float32 else \
+    o_lo = _new((B, I, J, H, D), residual_dtype, q.device) if _keeps_lo(residuals, sigmoid, store_lo, q.dtype) else \
         o.new_empty(0, dtype=residual_dtype)
     lse = _new((B, H, I, J), torch.float32, q.device) if store_residuals else o.new_empty(0, dtype=torch.float32)
     kb_arg, kb_strides = _key_bias_args(key_bias, q)
@@ -358,15 +368,23 @@ def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: f
         delta = lse = q.new_empty(1, dtype=torch.float32)
     else:
         delta = _new((B, H, I, J), torch.float32, device)
-        block_j = 64 if D <= 64 else 32
-        K._delta[(B * I * H * triton.cdiv(J, block_j),)](
-            o, o_lo if o_lo.numel() else o, do, delta, *o.stride(), *do.stride(), I, J, H,
-            HAS_LO=o_lo.numel() > 0, LO_UNIT=_lo_unit(o_lo, q.dtype), BLOCK_J=block_j, BLOCK_D=D, num_warps=4)
+        if not separate_dq:   # the fused kernel takes delta = rowsum(dO * (o + o_lo)) from here
+            block_j = 64 if D <= 64 else 32
+            K._delta[(B * I * H * triton.cdiv(J, block_j),)](
+                o, o_lo if o_lo.numel() else o, do, delta, *o.stride(), *do.stride(), I, J, H,
+                HAS_LO=o_lo.numel() > 0, LO_UNIT=_lo_unit(o_lo, q.dtype), BLOCK_J=block_j, BLOCK_D=D, num_warps=4)
 
     common = (q, k, v, bias, kb_arg, do, lse, delta)
     strides = (*q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *do.stride())
     flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, DOT_PREC=dot_prec, BLOCK_D=D,
                  FAST_EXP=_use_fast_exp(config, device))
+    if separate_dq:
+        # dQ first: for softmax its kernel also writes the exact delta that the dbias and dK/dV kernels read
+        dq = _new((B, I, J, H, D), q.dtype, device)
+        dq_args = (q, k, v, bias, kb_arg, do, o, lse, delta, dq, *strides, *o.stride(), *dq.stride(),
+                   B, I, J, H, scale)
+        _launch("dq", K._bwd_dq, _fwd_configs(D), _fixed_fwd(config), _query_tile_grid(B, I, J, H), dq_args,
+                _bucket(J), dict(flags, SPLIT_DS=split_ds, COMPUTE_DELTA=not sigmoid), ("SPLIT_DS",))
     # dbias = sum over rows i of dS. Rows are split into chunks so that the grid holds at least ~16 programs per SM
     # (whole waves: at N = 768 the 576 tiles alone fill 2.2 waves, a quarter of the last one idle); the chunk
     # partials (B*H*J*K float32 each) are summed afterwards in order.
@@ -388,8 +406,9 @@ def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: f
         K._sum_chunks[(triton.cdiv(n, 1024),)](part, dbias, chunks, n, BLOCK=1024, num_warps=4)
     del part, dbias_args     # the partials' memory goes back before dq, dk, dv are allocated (36 MiB at N = 768)
 
-    # dq, dk, dv after dbias, so that the chunk partials are freed before the three gradients are allocated
-    dq = _new((B, I, J, H, D), q.dtype, device)
+    # dk, dv (and the fused path's dq) after dbias, so that the chunk partials are freed before they are allocated
+    if not separate_dq:
+        dq = _new((B, I, J, H, D), q.dtype, device)
     dk = _new((B, I, J, H, D), q.dtype, device)
     dv = _new((B, I, J, H, D), q.dtype, device)
     # persistent programs for _bwd_dqkv, balanced: each takes the same number of rows (b, i, h) (at most one less)
@@ -404,10 +423,6 @@ def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: f
                                num_warps=config.bwd_warps, num_stages=config.bwd_stages)
     _launch("dqkv", K._bwd_dqkv, _bwd_configs(D), fixed_dqkv, (programs,), dqkv_args, _bucket(J), dqkv_flags,
             ("SPLIT_DS", "COMPUTE_DQ"))
-    if separate_dq:   # the dQ kernel has the forward's shape and takes its block sizes
-        dq_args = (*common, dq, *strides, *dq.stride(), B, I, J, H, scale)
-        _launch("dq", K._bwd_dq, _fwd_configs(D), _fixed_fwd(config), _query_tile_grid(B, I, J, H), dq_args,
-                _bucket(J), dict(flags, SPLIT_DS=split_ds), ("SPLIT_DS",))
     return dq, dk, dv, dbias
 
 
@@ -419,7 +434,7 @@ def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: f
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, key_bias: torch.Tensor | None,
             sigmoid: bool, scale: float, residuals: bool, split_p: bool, split_ds: bool, separate_dq: bool
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p)
+    return _forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, not separate_dq)
 
 
 @_fwd_op.register_fake
@@ -427,7 +442,7 @@ def _fwd_fake(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split
     B, I, J, H, D = q.shape
     keep = residuals and not sigmoid
     o = q.new_empty((B, I, J, H, D))
-    o_lo = q.new_empty((B, I, J, H, D) if keep and q.dtype != torch.float32 else 0,
+    o_lo = q.new_empty((B, I, J, H, D) if _keeps_lo(residuals, sigmoid, not separate_dq, q.dtype) else 0,
                        dtype=_residual_dtype(_override or default_config(D), q.dtype))
     lse = q.new_empty((B, H, I, J), dtype=torch.float32) if keep else q.new_empty(0, dtype=torch.float32)
     return o, o_lo, lse
@@ -472,7 +487,7 @@ class _EagerTriangleAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq):
-        output = _forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p)
+        output = _forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, not separate_dq)
         _setup_context(ctx, (q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq),
                        output)
         return output
@@ -532,7 +547,7 @@ def triangle_attention(
     split_p, split_ds = _use_split(config, q.dtype, "p", residuals), _use_split(config, q.dtype, "ds")
     forward = _fwd_op if torch.compiler.is_compiling() else _EagerTriangleAttention.apply
     separate_dq = config.separate_dq if config.separate_dq is not None else \
-        os.environ.get("MINI_OF3_SEPARATE_DQ", "0") == "1"   # the backward's kernels are chosen here, at the forward
+        os.environ.get("MINI_OF3_SEPARATE_DQ", "1") != "0"   # the backward's kernels are chosen here, at the forward
     key_bias = _key_bias(mask, beta, scale, (B, I, J))      # once, for the forward and its backward
     o, _, _ = forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq)
     return o

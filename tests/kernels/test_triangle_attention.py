@@ -120,13 +120,16 @@ def test_bitwise_repeat_and_chunked_bias_gradient():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("residual", ["int8", "input"])
-def test_output_residual_keeps_the_bias_gradient_exact(dtype, residual):
-    """The forward keeps the rounding residual of its 16-bit output (int8 by default, or in the output's dtype) so
-    that delta = rowsum(dO * O) is exact: the float32 bias gradient stays near float32 accuracy (below 2e-5 here,
-    with the interpreter's truncating casts); a delta from the rounded output alone fails this bound."""
+@pytest.mark.parametrize("backward", [dict(separate_dq=True), dict(separate_dq=False, residual="int8"),
+                                      dict(separate_dq=False, residual="input")])
+def test_delta_is_exact_despite_the_rounded_output(dtype, backward):
+    """delta = rowsum(dO * O) must use the unrounded O. The separate dQ kernel (default) makes it exactly as
+    rowsum(p * dP) and corrects its own dQ for the rounded output's delta; the fused backward keeps the output's
+    rounding residual (int8, or in the output's dtype). Either way the float32 bias gradient stays near float32
+    accuracy (below 2e-5 here, with the interpreter's truncating casts); a delta from the rounded output alone fails
+    this bound."""
     q, k, v, bias, mask, do = make_inputs(1, 6, 40, 2, 32, dtype, masked=True, transposed=False)
-    with launch_config(residual=residual):
+    with launch_config(**backward):
         got = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
     ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
     assert rel_err(got[4], ref[4]) < 2e-5, rel_err(got[4], ref[4])
@@ -134,25 +137,30 @@ def test_output_residual_keeps_the_bias_gradient_exact(dtype, residual):
 
 @pytest.mark.parametrize("N, dtype, activation, transposed", [(17, torch.bfloat16, "softmax", False),
                                                               (33, torch.float32, "sigmoid", True)])
-def test_separate_dq_kernel(N, dtype, activation, transposed):
-    """dQ from its own kernel (LaunchConfig.separate_dq): matches the reference; dK, dV and dbias are bitwise those of
-    the fused kernel (the same operations), dQ within rounding of it."""
+def test_separate_and_fused_dq_backwards_agree(N, dtype, activation, transposed):
+    """The two backwards (LaunchConfig.separate_dq, default on, and the fused dq/dk/dv kernel) both match the
+    reference; dv does not depend on delta and is bitwise the same, as are all gradients for sigmoid (no delta)."""
     q, k, v, bias, mask, do = make_inputs(1, 3, N, 2, 16, dtype, masked=True, transposed=transposed)
     kw = dict(activation=activation, backend="triton")
-    fused = run(triangle_attention, q, k, v, bias, mask, do, **kw)
+    with launch_config(separate_dq=False):
+        fused = run(triangle_attention, q, k, v, bias, mask, do, **kw)
     with launch_config(separate_dq=True):
         separate = run(triangle_attention, q, k, v, bias, mask, do, **kw)
     ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double(), activation=activation)
     for name, g, f, r in zip(("o", "dq", "dk", "dv", "dbias"), separate, fused, ref):
         assert rel_err(g, r) < TOLERANCE[dtype if name != "dbias" else torch.float32], (name, rel_err(g, r))
-        if name != "dq":
+        assert rel_err(f, r) < TOLERANCE[dtype if name != "dbias" else torch.float32], (name, rel_err(f, r))
+        if name in ("o", "dv") or (activation == "sigmoid" and name != "dq"):
             assert torch.equal(g, f), name
 
 
-def test_small_tiles_cover_many_tile_loops():
-    """16 x 16 tiles: many key and query tiles per row, partial last tiles, several dQ read-modify-writes."""
+@pytest.mark.parametrize("separate_dq", [True, False])
+def test_small_tiles_cover_many_tile_loops(separate_dq):
+    """16 x 16 tiles: many key and query tiles per row, partial last tiles (and in the fused backward several dQ
+    read-modify-writes)."""
     q, k, v, bias, mask, do = make_inputs(1, 2, 37, 1, 16, torch.float32, masked=True, transposed=True)
-    with launch_config(fwd_block_j=16, fwd_block_k=16, bwd_block_j=16, bwd_block_k=16, dbias_block=16):
+    with launch_config(fwd_block_j=16, fwd_block_k=16, bwd_block_j=16, bwd_block_k=16, dbias_block=16,
+                       separate_dq=separate_dq):
         got = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
     ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
     for g, r in zip(got, ref):
@@ -246,13 +254,14 @@ def test_autotuned_launch_reuses_the_choice_per_key(monkeypatch):
     assert kind == "direct" and launch_grid == (160,) and kwargs["num_warps"] == 2 and kwargs["BLOCK_K"] == 16
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])   # bf16: the int8 residual output
-def test_opcheck_forward_op(dtype):
+@pytest.mark.parametrize("dtype,separate_dq", [(torch.float32, True), (torch.bfloat16, True),
+                                               (torch.bfloat16, False)])   # bf16 fused: the int8 residual output
+def test_opcheck_forward_op(dtype, separate_dq):
     from mini_of3.kernels.triangle_attention import _fwd_op
     q, k, v, bias, mask, _ = make_inputs(1, 2, 16, 1, 16, dtype, masked=True, transposed=False)
     q, k, v, bias = (t.requires_grad_(True) for t in (q, k, v, bias))
     key_bias = torch.where(mask, 0.0, float("-inf"))
-    torch.library.opcheck(_fwd_op, (q, k, v, bias, key_bias, False, 0.25, True, True, True, False),
+    torch.library.opcheck(_fwd_op, (q, k, v, bias, key_bias, False, 0.25, True, True, True, separate_dq),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
