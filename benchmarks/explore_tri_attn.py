@@ -75,19 +75,19 @@ def main():
         torch.cuda.synchronize()
         return
     fast = {**base.__dict__, "fast_exp": True}
-    variants = {   # v9: dQ in its own kernel, which makes the exact delta (no residual); its tiles and the others'
+    variants = {   # v10: forward and dQ kernel take two rows i per program (shared bias tiles); rows 1 is v9
         "default": (LaunchConfig(**fast), {}),
         "no mask": (LaunchConfig(**fast), {"masked": False}),
         "bf16 bias": (LaunchConfig(**fast), {"bias": "bf16"}),
+        "fwd/dq rows 1 (v9)": (LaunchConfig(**{**fast, "fwd_rows": 1}), {}),
+        "fwd/dq rows 1, bf16 bias": (LaunchConfig(**{**fast, "fwd_rows": 1}), {"bias": "bf16"}),
         "split p off (fwd)": (LaunchConfig(**{**fast, "split_p": False}), {}),
-        "split dS off": (LaunchConfig(**{**fast, "split_ds": False}), {}),
         "fused dqkv, int8 residual": (LaunchConfig(**{**fast, "separate_dq": False}), {}),
-        "dkdv 64x64 w4 s2": (LaunchConfig(**{**fast, "bwd_block_k": 64, "bwd_warps": 4, "bwd_stages": 2}), {}),
-        "dkdv 32x128 w4 s1": (LaunchConfig(**{**fast, "bwd_block_j": 32, "bwd_warps": 4}), {}),
         "dkdv 64x128 w8 s2": (LaunchConfig(**{**fast, "bwd_stages": 2}), {}),
         "dq/fwd 64x64 w4 s2": (LaunchConfig(**{**fast, "fwd_block_k": 64, "fwd_stages": 2}), {}),
+        "dq/fwd 64x32 w8 s3": (LaunchConfig(**{**fast, "fwd_warps": 8}), {}),
         "dq/fwd 128x32 w8 s2": (LaunchConfig(**{**fast, "fwd_block_j": 128, "fwd_warps": 8, "fwd_stages": 2}), {}),
-        "dbias 64 w4 s4": (LaunchConfig(**{**fast, "dbias_stages": 4}), {}),
+        "dq/fwd 32x64 w4 s2": (LaunchConfig(**{**fast, "fwd_block_j": 32, "fwd_block_k": 64, "fwd_stages": 2}), {}),
     }
     rows = []
     for name, (config, kw) in list(variants.items())[:3 if args.quick else None]:

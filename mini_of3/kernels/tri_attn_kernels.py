@@ -100,29 +100,81 @@ def _dot_split(p, x, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, TRANS_P: tl.co
 
 
 @triton.jit
-def _query_tile_program(J, H, I, BLOCK_J: tl.constexpr):
-    """(query tile, head, row, batch) of this program, query tile fastest, then head, then row: the programs in
-    flight share rows i (their k and v are read from HBM once) and the bias of every head stays in L2."""
+def _query_tile_program(J, H, I, BLOCK_J: tl.constexpr, ROWS: tl.constexpr = 1):
+    """(query tile, head, first row, batch) of this program, query tile fastest, then head, then the group of ROWS
+    rows: the programs in flight share rows i (their k and v are read from HBM once) and the bias of every head
+    stays in L2."""
     pid = tl.program_id(0)
     n_jb = tl.cdiv(J, BLOCK_J)
+    n_groups = tl.cdiv(I, ROWS)
     jb = pid % n_jb
     h = (pid // n_jb) % H
-    i = (pid // (n_jb * H)) % I
-    b = pid // (n_jb * H * I)
+    i = (pid // (n_jb * H)) % n_groups * ROWS
+    b = pid // (n_jb * H * n_groups)
     return jb, h, i.to(tl.int64), b.to(tl.int64)
 
 
 @triton.jit
-def _key_tile_scores(q, k_base, v_base, bias_rows, key_mask, offs_j, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, sb_k, J,
-                     scale, DOT_PREC: tl.constexpr):
-    """k, v [BK, D] of one key tile and the raw scores t = q.k + bias / scale + key term [BJ, BK] of the query tile
-    (bias_rows: the bias pointers of its rows); the forward and the dQ kernel share it, so both see the same t."""
+def _bias_tile(bias_rows, offs_j, offs_k, sb_k, J, scale):
+    """The bias tile [BJ, BK] in raw-score units (bias / scale), float32; bias_rows: the pointers of its rows. Rows
+    i share it: a program of ROWS rows loads it once for all of them (the bias stream is the forward's largest)."""
+    bias = tl.load(bias_rows + offs_k[None, :] * sb_k, mask=(offs_j[:, None] < J) & (offs_k[None, :] < J),
+                   other=0.0)
+    return bias.to(tl.float32) * (1.0 / scale)
+
+
+@triton.jit
+def _key_tile_scores(q, k_base, v_base, bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J,
+                     DOT_PREC: tl.constexpr):
+    """k, v [BK, D] of one key tile of one row and its raw scores t = q.k + bias / scale + key term [BJ, BK]; the
+    forward and the dQ kernel share it, so both see the same t."""
     k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                      # [BK, D]
     v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                      # [BK, D]
-    bias = tl.load(bias_rows + offs_k[None, :] * sb_k, mask=(offs_j[:, None] < J) & (offs_k[None, :] < J),
-                   other=0.0).to(tl.float32)                                                   # [BJ, BK]
-    t = _dot(q, tl.trans(k), DOT_PREC, acc=bias * (1.0 / scale) + key_mask[None, :])
+    t = _dot(q, tl.trans(k), DOT_PREC, acc=bias_t + key_mask[None, :])
     return k, v, t
+
+
+@triton.jit
+def _fwd_row_step(q, k_base, v_base, bias_t, key_mask, m_run, l_run, acc, offs_k, offs_d,
+                  sk_j, sk_d, sv_j, sv_d, J, scale2,
+                  SIGMOID: tl.constexpr, SPLIT_P: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One key tile of one row: the online softmax update of (m_run, l_run, acc) (base 2: the score is t * scale2,
+    applied inside the exponent's FMA), or for sigmoid acc += sigmoid(t) v (m_run, l_run unused)."""
+    k, v, t = _key_tile_scores(q, k_base, v_base, bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J,
+                               DOT_PREC)                                                   # t: [BJ, BK]
+    if SIGMOID:
+        acc += _dot_split(_sigmoid2(t * scale2, FAST_EXP), v, SPLIT_P, DOT_PREC)
+    else:
+        m_new = tl.maximum(m_run, tl.max(t, 1) * scale2)     # scale2 > 0: max(t) * scale2 = max(t * scale2)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = _exp2(t * scale2 - m_safe[:, None], FAST_EXP)
+        alpha = _exp2(m_run - m_safe, FAST_EXP)
+        l_run = l_run * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + _dot_split(p, v, SPLIT_P, DOT_PREC)
+        m_run = m_new
+    return m_run, l_run, acc
+
+
+@triton.jit
+def _fwd_row_store(acc, m_run, l_run, O, O_LO, LSE, o_base, lse_base, offs_j, offs_d, so_j, so_d, J_store,
+                   SIGMOID: tl.constexpr, STORE_LSE: tl.constexpr, STORE_LO: tl.constexpr, LO_UNIT: tl.constexpr):
+    """Normalise and store one row's output (and for a backward its lse, base 2, and the output's rounding residual);
+    J_store is J, or 0 for a row past the end that must not be stored."""
+    if not SIGMOID:
+        has_key = l_run > 0.0
+        acc = acc / tl.where(has_key, l_run, 1.0)[:, None]
+    o_ptrs = o_base + offs_j[:, None] * so_j + offs_d[None, :] * so_d
+    in_o = offs_j[:, None] < J_store
+    o = acc.to(O.dtype.element_ty)
+    tl.store(O + o_ptrs, o, mask=in_o)
+    if STORE_LO:   # the rounding residual of o, so that the fused backward's delta = rowsum(dO * O) is exact
+        if LO_UNIT > 0:
+            tl.store(O_LO + o_ptrs, _residual_to_int8(acc, o.to(tl.float32), LO_UNIT), mask=in_o)
+        else:          # LO_UNIT 0: the residual in o's own dtype
+            tl.store(O_LO + o_ptrs, (acc - o.to(tl.float32)).to(O.dtype.element_ty), mask=in_o)
+    if STORE_LSE:
+        lse = tl.where(has_key, m_run + tl.log2(tl.where(has_key, l_run, 1.0)), float("inf"))
+        tl.store(LSE + lse_base + offs_j, lse, mask=offs_j < J_store)
 
 
 @triton.jit
@@ -134,58 +186,55 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, O, O_LO, LSE,
          HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, STORE_LSE: tl.constexpr, STORE_LO: tl.constexpr,
          LO_UNIT: tl.constexpr,
          SPLIT_P: tl.constexpr, FAST_EXP: tl.constexpr,
-         DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
-    jb, h, i64, b64 = _query_tile_program(J, H, I, BLOCK_J)
+         DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+         ROWS: tl.constexpr = 1):
+    # ROWS (1 or 2) rows i per program share each bias tile load; a second row past the end (odd I) is computed on
+    # row I - 1 and not stored.
+    jb, h, i0, b64 = _query_tile_program(J, H, I, BLOCK_J, ROWS)
+    i1 = tl.minimum(i0 + 1, I - 1)
 
     offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
     offs_d = tl.arange(0, BLOCK_D)
     offs_kt = tl.arange(0, BLOCK_K)
-    q = _load_tile(Q + b64 * sq_b + i64 * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)     # [BJ, D]
-    k_base = K + b64 * sk_b + i64 * sk_i + h * sk_h
-    v_base = V + b64 * sv_b + i64 * sv_i + h * sv_h
+    q_base = Q + b64 * sq_b + h * sq_h
+    k_base = K + b64 * sk_b + h * sk_h
+    v_base = V + b64 * sv_b + h * sv_h
     bias_base = BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j
-    m_base = b64 * sm_b + i64 * sm_i
-
-    # scores t = q.k + (bias + beta for sigmoid) / scale, -inf where masked, with the bias term as the MMA's initial
-    # accumulator; in base 2 the score is s2 = t * scale2, applied inside the exponent's FMA (one op per score fewer)
+    q0 = _load_tile(q_base + i0 * sq_i, offs_j, offs_d, sq_j, sq_d, J)                         # [BJ, D]
     scale2 = _base2(scale)
-    if not SIGMOID:
-        m_run = tl.full([BLOCK_J], float("-inf"), dtype=tl.float32)
-        l_run = tl.zeros([BLOCK_J], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
+    m0 = tl.full([BLOCK_J], float("-inf"), dtype=tl.float32)
+    l0 = tl.zeros([BLOCK_J], dtype=tl.float32)
+    acc0 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
     # small loads (the key mask here, row statistics in the backward) are issued one iteration ahead by hand: the
     # software pipeliner leaves them on the critical path (NOTES.md, session 2: the mask cost ~1 ms at N = 768)
-    key_mask_next = _key_mask(KEY_BIAS, m_base, offs_kt, sm_k, J, HAS_KEY_BIAS)
+    mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
+    if ROWS == 2:
+        q1 = _load_tile(q_base + i1 * sq_i, offs_j, offs_d, sq_j, sq_d, J)
+        m1 = tl.full([BLOCK_J], float("-inf"), dtype=tl.float32)
+        l1 = tl.zeros([BLOCK_J], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
+        mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
     for k0 in range(0, J, BLOCK_K):
         offs_k = k0 + offs_kt
-        key_mask = key_mask_next                                                                  # [BK]
-        key_mask_next = _key_mask(KEY_BIAS, m_base, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
-        k, v, t = _key_tile_scores(q, k_base, v_base, bias_base, key_mask, offs_j, offs_k, offs_d,
-                                   sk_j, sk_d, sv_j, sv_d, sb_k, J, scale, DOT_PREC)          # t: [BJ, BK]
-        if SIGMOID:
-            acc += _dot_split(_sigmoid2(t * scale2, FAST_EXP), v, SPLIT_P, DOT_PREC)
-        else:
-            m_new = tl.maximum(m_run, tl.max(t, 1) * scale2)     # scale2 > 0: max(t) * scale2 = max(t * scale2)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = _exp2(t * scale2 - m_safe[:, None], FAST_EXP)
-            alpha = _exp2(m_run - m_safe, FAST_EXP)
-            l_run = l_run * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + _dot_split(p, v, SPLIT_P, DOT_PREC)
-            m_run = m_new
-    if not SIGMOID:
-        has_key = l_run > 0.0
-        acc = acc / tl.where(has_key, l_run, 1.0)[:, None]
-    o_ptrs = b64 * so_b + i64 * so_i + h * so_h + offs_j[:, None] * so_j + offs_d[None, :] * so_d
-    o = acc.to(O.dtype.element_ty)
-    tl.store(O + o_ptrs, o, mask=offs_j[:, None] < J)
-    if STORE_LO:   # the rounding residual of o, so that the backward's delta = rowsum(dO * O) is exact
-        if LO_UNIT > 0:
-            tl.store(O_LO + o_ptrs, _residual_to_int8(acc, o.to(tl.float32), LO_UNIT), mask=offs_j[:, None] < J)
-        else:          # LO_UNIT 0: the residual in o's own dtype
-            tl.store(O_LO + o_ptrs, (acc - o.to(tl.float32)).to(O.dtype.element_ty), mask=offs_j[:, None] < J)
-    if STORE_LSE:
-        lse = tl.where(has_key, m_run + tl.log2(tl.where(has_key, l_run, 1.0)), float("inf"))
-        tl.store(LSE + ((b64 * H + h) * I + i64) * J + offs_j, lse, mask=offs_j < J)
+        bias_t = _bias_tile(bias_base, offs_j, offs_k, sb_k, J, scale)                         # [BJ, BK]
+        mask0 = mask_next0                                                                     # [BK]
+        mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
+        m0, l0, acc0 = _fwd_row_step(q0, k_base + i0 * sk_i, v_base + i0 * sv_i, bias_t, mask0, m0, l0, acc0,
+                                     offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J, scale2,
+                                     SIGMOID, SPLIT_P, FAST_EXP, DOT_PREC)
+        if ROWS == 2:
+            mask1 = mask_next1
+            mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
+            m1, l1, acc1 = _fwd_row_step(q1, k_base + i1 * sk_i, v_base + i1 * sv_i, bias_t, mask1, m1, l1, acc1,
+                                         offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J, scale2,
+                                         SIGMOID, SPLIT_P, FAST_EXP, DOT_PREC)
+    o_base = b64 * so_b + h * so_h
+    lse_base = (b64 * H + h) * I * J
+    _fwd_row_store(acc0, m0, l0, O, O_LO, LSE, o_base + i0 * so_i, lse_base + i0 * J, offs_j, offs_d, so_j, so_d,
+                   J, SIGMOID, STORE_LSE, STORE_LO, LO_UNIT)
+    if ROWS == 2:
+        _fwd_row_store(acc1, m1, l1, O, O_LO, LSE, o_base + i1 * so_i, lse_base + i1 * J, offs_j, offs_d, so_j,
+                       so_d, tl.where(i0 + 1 < I, J, 0), SIGMOID, STORE_LSE, STORE_LO, LO_UNIT)
 
 
 @triton.jit
@@ -321,6 +370,50 @@ def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
 
 
 @triton.jit
+def _dq_row_step(q, do, k_base, v_base, bias_t, key_mask, lse, delta, dq, delta_exact, pk, offs_k, offs_d,
+                 sk_j, sk_d, sv_j, sv_d, J, scale2, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
+                 COMPUTE_DELTA: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One key tile of one row of _bwd_dq: dq += dS k, and with COMPUTE_DELTA the sums of p * dP and p k."""
+    k, v, t = _key_tile_scores(q, k_base, v_base, bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J,
+                               DOT_PREC)                                                   # t: [BJ, BK]
+    dp = _dot(do, tl.trans(v), DOT_PREC)                                                   # [BJ, BK]
+    p, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
+    dq += _dot_split(ds, k, SPLIT_DS, DOT_PREC)                                            # [BJ, D]
+    if COMPUTE_DELTA:
+        delta_exact += tl.sum(p * dp, 1)
+        pk = _dot(p.to(k.dtype), k, DOT_PREC, acc=pk)                                      # [BJ, D]
+    return dq, delta_exact, pk
+
+
+@triton.jit
+def _dq_row_start(Q, DO, O, LSE, DELTA, q_base, do_base, o_base, row_base, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d,
+                  so_j, so_d, J, SIGMOID: tl.constexpr, COMPUTE_DELTA: tl.constexpr):
+    """q, dO [BJ, D] and lse, delta [BJ] of one row (delta: rowsum(dO * o) from the rounded output o when
+    COMPUTE_DELTA, else the given one)."""
+    in_j = offs_j < J
+    q = _load_tile(Q + q_base, offs_j, offs_d, sq_j, sq_d, J)                              # [BJ, D]
+    do = _load_tile(DO + do_base, offs_j, offs_d, sd_j, sd_d, J)                           # [BJ, D]
+    if COMPUTE_DELTA:
+        lse = tl.load(LSE + row_base + offs_j, mask=in_j, other=float("inf"))
+        o = _load_tile(O + o_base, offs_j, offs_d, so_j, so_d, J)                          # [BJ, D]
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)                            # delta0 [BJ]
+    else:
+        lse, delta = _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID)
+    return q, do, lse, delta
+
+
+@triton.jit
+def _dq_row_store(dq, delta0, delta_exact, pk, DQ, DELTA, g_base, row_base, offs_j, offs_d, sg_j, sg_d, J, scale,
+                  COMPUTE_DELTA: tl.constexpr):
+    in_j = offs_j < J        # J: 0 for a row past the end
+    if COMPUTE_DELTA:
+        dq -= (delta_exact - delta0)[:, None] * pk
+        tl.store(DELTA + row_base + offs_j, delta_exact, mask=in_j)
+    g_ptrs = g_base + offs_j[:, None] * sg_j + offs_d[None, :] * sg_d
+    tl.store(DQ + g_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=in_j[:, None])
+
+
+@triton.jit
 def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ,
             sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
             sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
@@ -328,9 +421,9 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ,
             B, I, J, H, scale, J_BUCKET,
             HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr, FAST_EXP: tl.constexpr,
             DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-            COMPUTE_DELTA: tl.constexpr = False):
-    """dQ alone, one program per (query tile, head, row, batch) as the forward: a loop over key tiles recomputes p
-    and dS = p (dP - delta) and accumulates dQ = dS k in registers (no scratch, no transpose). With
+            COMPUTE_DELTA: tl.constexpr = False, ROWS: tl.constexpr = 1):
+    """dQ alone, one program per (query tile, head, ROWS rows, batch) as the forward: a loop over key tiles
+    recomputes p and dS = p (dP - delta) and accumulates dQ = dS k in registers (no scratch, no transpose). With
     _bwd_dqkv(COMPUTE_DQ=False) it replaces the fused dq/dk/dv kernel at the cost of one more recomputation.
 
     COMPUTE_DELTA (softmax): delta is not given but made here, exactly, for this kernel and the later ones. The loop
@@ -339,46 +432,53 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ,
         dQ(delta) = dQ(delta0) - (delta - delta0) pk,
     and the correction is exact to the product of two small errors (delta - delta0 ~ 2^-9 delta, pk's rounding of p
     ~ 2^-9): the output's rounding residual need not be stored (TurboPairFormer compensates it as well)."""
-    jb, h, i64, b64 = _query_tile_program(J, H, I, BLOCK_J)
+    jb, h, i0, b64 = _query_tile_program(J, H, I, BLOCK_J, ROWS)
+    i1 = tl.minimum(i0 + 1, I - 1)
     offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
     offs_d = tl.arange(0, BLOCK_D)
     offs_kt = tl.arange(0, BLOCK_K)
-    in_j = offs_j < J
-    q = _load_tile(Q + b64 * sq_b + i64 * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)     # [BJ, D]
-    do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J)   # [BJ, D]
-    k_base = K + b64 * sk_b + i64 * sk_i + h * sk_h
-    v_base = V + b64 * sv_b + i64 * sv_i + h * sv_h
+    k_base = K + b64 * sk_b + h * sk_h
+    v_base = V + b64 * sv_b + h * sv_h
     bias_base = BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j
-    m_base = b64 * sm_b + i64 * sm_i
-    row_base = ((b64 * H + h) * I + i64) * J                          # into LSE, DELTA [B, H, I, J]
-    if COMPUTE_DELTA:
-        lse = tl.load(LSE + row_base + offs_j, mask=in_j, other=float("inf"))
-        o = _load_tile(O + b64 * so_b + i64 * so_i + h * so_h, offs_j, offs_d, so_j, so_d, J)  # [BJ, D]
-        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)                            # delta0 [BJ]
-        delta_exact = tl.zeros([BLOCK_J], dtype=tl.float32)
-        pk = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
-    else:
-        lse, delta = _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID)
+    row_base = (b64 * H + h) * I * J                                 # + i * J: into LSE, DELTA [B, H, I, J]
     scale2 = _base2(scale)
-    dq = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
-    key_mask_next = _key_mask(KEY_BIAS, m_base, offs_kt, sm_k, J, HAS_KEY_BIAS)
+    q0, do0, lse0, delta0 = _dq_row_start(Q, DO, O, LSE, DELTA, b64 * sq_b + i0 * sq_i + h * sq_h,
+                                          b64 * sd_b + i0 * sd_i + h * sd_h, b64 * so_b + i0 * so_i + h * so_h,
+                                          row_base + i0 * J, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d, so_j, so_d, J,
+                                          SIGMOID, COMPUTE_DELTA)
+    dq0 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
+    exact0 = tl.zeros([BLOCK_J], dtype=tl.float32)
+    pk0 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
+    mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
+    if ROWS == 2:
+        q1, do1, lse1, delta1 = _dq_row_start(Q, DO, O, LSE, DELTA, b64 * sq_b + i1 * sq_i + h * sq_h,
+                                              b64 * sd_b + i1 * sd_i + h * sd_h, b64 * so_b + i1 * so_i + h * so_h,
+                                              row_base + i1 * J, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d, so_j,
+                                              so_d, J, SIGMOID, COMPUTE_DELTA)
+        dq1 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
+        exact1 = tl.zeros([BLOCK_J], dtype=tl.float32)
+        pk1 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
+        mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
     for k0 in range(0, J, BLOCK_K):
         offs_k = k0 + offs_kt
-        key_mask = key_mask_next
-        key_mask_next = _key_mask(KEY_BIAS, m_base, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
-        k, v, t = _key_tile_scores(q, k_base, v_base, bias_base, key_mask, offs_j, offs_k, offs_d,
-                                   sk_j, sk_d, sv_j, sv_d, sb_k, J, scale, DOT_PREC)          # t: [BJ, BK]
-        dp = _dot(do, tl.trans(v), DOT_PREC)                                                   # [BJ, BK]
-        p, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
-        dq += _dot_split(ds, k, SPLIT_DS, DOT_PREC)                                            # [BJ, D]
-        if COMPUTE_DELTA:
-            delta_exact += tl.sum(p * dp, 1)
-            pk = _dot(p.to(k.dtype), k, DOT_PREC, acc=pk)                                      # [BJ, D]
-    if COMPUTE_DELTA:
-        dq -= (delta_exact - delta)[:, None] * pk
-        tl.store(DELTA + row_base + offs_j, delta_exact, mask=in_j)
-    g_ptrs = b64 * sg_b + i64 * sg_i + h * sg_h + offs_j[:, None] * sg_j + offs_d[None, :] * sg_d
-    tl.store(DQ + g_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=in_j[:, None])
+        bias_t = _bias_tile(bias_base, offs_j, offs_k, sb_k, J, scale)                         # [BJ, BK]
+        mask0 = mask_next0
+        mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
+        dq0, exact0, pk0 = _dq_row_step(q0, do0, k_base + i0 * sk_i, v_base + i0 * sv_i, bias_t, mask0, lse0,
+                                        delta0, dq0, exact0, pk0, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J, scale2,
+                                        SIGMOID, SPLIT_DS, COMPUTE_DELTA, FAST_EXP, DOT_PREC)
+        if ROWS == 2:
+            mask1 = mask_next1
+            mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
+            dq1, exact1, pk1 = _dq_row_step(q1, do1, k_base + i1 * sk_i, v_base + i1 * sv_i, bias_t, mask1, lse1,
+                                            delta1, dq1, exact1, pk1, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J,
+                                            scale2, SIGMOID, SPLIT_DS, COMPUTE_DELTA, FAST_EXP, DOT_PREC)
+    g_base = b64 * sg_b + h * sg_h
+    _dq_row_store(dq0, delta0, exact0, pk0, DQ, DELTA, g_base + i0 * sg_i, row_base + i0 * J, offs_j, offs_d,
+                  sg_j, sg_d, J, scale, COMPUTE_DELTA)
+    if ROWS == 2:
+        _dq_row_store(dq1, delta1, exact1, pk1, DQ, DELTA, g_base + i1 * sg_i, row_base + i1 * J, offs_j, offs_d,
+                      sg_j, sg_d, tl.where(i0 + 1 < I, J, 0), scale, COMPUTE_DELTA)
 
 
 @triton.jit

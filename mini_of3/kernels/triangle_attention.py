@@ -124,15 +124,17 @@ class LaunchConfig:
                                       # makes the exact delta: no residual is stored) and a dK/dV kernel without it;
                                       # False: the fused dq/dk/dv kernel with a residual. None: MINI_OF3_SEPARATE_DQ,
                                       # default on. Like the splits, chosen at the forward call for its backward
+    fwd_rows: int = 1                 # rows i per program of the forward and the dQ kernel (1 or 2): two rows share
+                                      # each bias tile load (the bias is re-read for every row i)
 
 
 def default_config(head_dim: int) -> LaunchConfig:
     """A good fixed configuration for each head dim (used under the interpreter and with MINI_OF3_AUTOTUNE=0);
     the D <= 32 one is the fastest fixed set measured on the H200 (NOTES.md)."""
     if _interpreting():
-        return LaunchConfig(32, 32, 4, 1, 32, 32, 4, 1, 32, 4, 1)
+        return LaunchConfig(32, 32, 4, 1, 32, 32, 4, 1, 32, 4, 1, fwd_rows=2)
     if head_dim <= 32:
-        return LaunchConfig(64, 32, 4, 3, 64, 128, 8, 1, 64, 4, 3)
+        return LaunchConfig(64, 32, 4, 3, 64, 128, 8, 1, 64, 4, 3, fwd_rows=2)
     if head_dim == 64:
         return LaunchConfig(64, 32, 4, 2, 32, 64, 4, 2, 64, 4, 1)
     return LaunchConfig(32, 32, 4, 2, 32, 32, 4, 2, 32, 4, 1)
@@ -159,13 +161,15 @@ def _autotune_enabled() -> bool:
 
 
 def _fwd_configs(head_dim: int) -> list[triton.Config]:
-    blocks = [(64, 32, 4, 3), (64, 64, 4, 2), (128, 64, 4, 3), (64, 32, 4, 2), (128, 32, 4, 3), (32, 64, 4, 2),
-              (128, 32, 8, 2)]
+    """Forward-shaped launches (the forward and the dQ kernel): BLOCK_J, BLOCK_K, warps, stages, rows per program."""
+    blocks = [(64, 32, 4, 3, 1), (64, 64, 4, 2, 1), (128, 64, 4, 3, 1), (128, 32, 4, 3, 1), (32, 64, 4, 2, 1),
+              (64, 32, 4, 3, 2), (64, 64, 4, 2, 2), (64, 32, 4, 2, 2), (128, 32, 8, 2, 2), (32, 64, 4, 2, 2)]
     if head_dim == 64:
-        blocks = [(64, 32, 4, 2), (64, 64, 4, 2), (32, 64, 4, 2), (32, 32, 4, 2)]
+        blocks = [(64, 32, 4, 2, 1), (64, 64, 4, 2, 1), (32, 64, 4, 2, 1), (32, 32, 4, 2, 1), (64, 32, 4, 2, 2)]
     elif head_dim == 128:
-        blocks = [(32, 32, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2)]
-    return [triton.Config({"BLOCK_J": bj, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bj, bk, w, s in blocks]
+        blocks = [(32, 32, 4, 2, 1), (64, 32, 4, 2, 1), (32, 64, 4, 2, 1)]
+    return [triton.Config({"BLOCK_J": bj, "BLOCK_K": bk, "ROWS": rows}, num_warps=w, num_stages=s)
+            for bj, bk, w, s, rows in blocks]
 
 
 def _bwd_configs(head_dim: int) -> list[triton.Config]:
@@ -222,13 +226,13 @@ def _launch(name: str, kernel, configs: list[triton.Config], fixed: triton.Confi
 
 def _fixed_fwd(config: LaunchConfig) -> triton.Config:
     """The fixed forward-shaped launch (the forward and the dQ kernel) of a LaunchConfig."""
-    return triton.Config({"BLOCK_J": config.fwd_block_j, "BLOCK_K": config.fwd_block_k}, num_warps=config.fwd_warps,
-                         num_stages=config.fwd_stages)
+    return triton.Config({"BLOCK_J": config.fwd_block_j, "BLOCK_K": config.fwd_block_k, "ROWS": config.fwd_rows},
+                         num_warps=config.fwd_warps, num_stages=config.fwd_stages)
 
 
 def _query_tile_grid(B: int, I: int, J: int, H: int):
-    """One program per (query tile, head, row, batch), the order of _query_tile_program."""
-    return lambda meta: (B * I * H * triton.cdiv(J, meta["BLOCK_J"]),)
+    """One program per (query tile, head, group of ROWS rows, batch), the order of _query_tile_program."""
+    return lambda meta: (B * triton.cdiv(I, meta["ROWS"]) * H * triton.cdiv(J, meta["BLOCK_J"]),)
 
 
 def autotuned_configs() -> dict[str, dict[str, str]]:
