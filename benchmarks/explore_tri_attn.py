@@ -75,19 +75,17 @@ def main():
         torch.cuda.synchronize()
         return
     fast = {**base.__dict__, "fast_exp": True}
-    variants = {   # v10: forward and dQ kernel take two rows i per program (shared bias tiles); rows 1 is v9
+    variants = {   # v10 (run 9): forward 1 row per program, p unsplit; dQ kernel 2 rows per program
         "default": (LaunchConfig(**fast), {}),
         "no mask": (LaunchConfig(**fast), {"masked": False}),
         "bf16 bias": (LaunchConfig(**fast), {"bias": "bf16"}),
-        "fwd/dq rows 1 (v9)": (LaunchConfig(**{**fast, "fwd_rows": 1}), {}),
-        "fwd/dq rows 1, bf16 bias": (LaunchConfig(**{**fast, "fwd_rows": 1}), {"bias": "bf16"}),
-        "split p off (fwd)": (LaunchConfig(**{**fast, "split_p": False}), {}),
+        "split p on (fwd)": (LaunchConfig(**{**fast, "split_p": True}), {}),
+        "fwd rows 2": (LaunchConfig(**{**fast, "fwd_rows": 2}), {}),
+        "dq rows 1": (LaunchConfig(**{**fast, "dq_rows": 1}), {}),
+        "split dS off": (LaunchConfig(**{**fast, "split_ds": False}), {}),
         "fused dqkv, int8 residual": (LaunchConfig(**{**fast, "separate_dq": False}), {}),
-        "dkdv 64x128 w8 s2": (LaunchConfig(**{**fast, "bwd_stages": 2}), {}),
-        "dq/fwd 64x64 w4 s2": (LaunchConfig(**{**fast, "fwd_block_k": 64, "fwd_stages": 2}), {}),
-        "dq/fwd 64x32 w8 s3": (LaunchConfig(**{**fast, "fwd_warps": 8}), {}),
-        "dq/fwd 128x32 w8 s2": (LaunchConfig(**{**fast, "fwd_block_j": 128, "fwd_warps": 8, "fwd_stages": 2}), {}),
-        "dq/fwd 32x64 w4 s2": (LaunchConfig(**{**fast, "fwd_block_j": 32, "fwd_block_k": 64, "fwd_stages": 2}), {}),
+        "fwd/dq 64x64 w4 s2": (LaunchConfig(**{**fast, "fwd_block_k": 64, "fwd_stages": 2}), {}),
+        "fwd/dq 128x32 w4 s3": (LaunchConfig(**{**fast, "fwd_block_j": 128}), {}),
     }
     rows = []
     for name, (config, kw) in list(variants.items())[:3 if args.quick else None]:

@@ -124,17 +124,18 @@ class LaunchConfig:
                                       # makes the exact delta: no residual is stored) and a dK/dV kernel without it;
                                       # False: the fused dq/dk/dv kernel with a residual. None: MINI_OF3_SEPARATE_DQ,
                                       # default on. Like the splits, chosen at the forward call for its backward
-    fwd_rows: int = 1                 # rows i per program of the forward and the dQ kernel (1 or 2): two rows share
-                                      # each bias tile load (the bias is re-read for every row i)
+    fwd_rows: int = 1                 # rows i per program of the forward (1 or 2): two rows share each bias tile
+                                      # load (the bias is re-read for every row i)
+    dq_rows: int = 1                  # the same for the dQ kernel (separate_dq)
 
 
 def default_config(head_dim: int) -> LaunchConfig:
     """A good fixed configuration for each head dim (used under the interpreter and with MINI_OF3_AUTOTUNE=0);
     the D <= 32 one is the fastest fixed set measured on the H200 (NOTES.md)."""
     if _interpreting():
-        return LaunchConfig(32, 32, 4, 1, 32, 32, 4, 1, 32, 4, 1, fwd_rows=2)
-    if head_dim <= 32:
-        return LaunchConfig(64, 32, 4, 3, 64, 128, 8, 1, 64, 4, 3, fwd_rows=2)
+        return LaunchConfig(32, 32, 4, 1, 32, 32, 4, 1, 32, 4, 1, fwd_rows=2, dq_rows=2)
+    if head_dim <= 32:   # two rows per program pay in the dQ kernel, not in the forward (NOTES.md, run 8)
+        return LaunchConfig(64, 32, 4, 3, 64, 128, 8, 1, 64, 4, 3, fwd_rows=1, dq_rows=2)
     if head_dim == 64:
         return LaunchConfig(64, 32, 4, 2, 32, 64, 4, 2, 64, 4, 1)
     return LaunchConfig(32, 32, 4, 2, 32, 32, 4, 2, 32, 4, 1)
@@ -160,10 +161,14 @@ def _autotune_enabled() -> bool:
     return _override is None and not _interpreting() and os.environ.get("MINI_OF3_AUTOTUNE", "1") != "0"
 
 
-def _fwd_configs(head_dim: int) -> list[triton.Config]:
-    """Forward-shaped launches (the forward and the dQ kernel): BLOCK_J, BLOCK_K, warps, stages, rows per program."""
-    blocks = [(64, 32, 4, 3, 1), (64, 64, 4, 2, 1), (128, 64, 4, 3, 1), (128, 32, 4, 3, 1), (32, 64, 4, 2, 1),
-              (64, 32, 4, 3, 2), (64, 64, 4, 2, 2), (64, 32, 4, 2, 2), (128, 32, 8, 2, 2), (32, 64, 4, 2, 2)]
+def _fwd_configs(head_dim: int, kernel: str = "fwd") -> list[triton.Config]:
+    """Forward-shaped launches of the forward or ("dq") the dQ kernel: BLOCK_J, BLOCK_K, warps, stages, rows per
+    program. Short lists (the autotuner compiles each): at D = 32 the forward was fastest with one row per program,
+    the dQ kernel with two; 8 warps and 32-row query tiles lost everywhere (NOTES.md, run 8)."""
+    if kernel == "dq":
+        blocks = [(64, 32, 4, 3, 2), (64, 64, 4, 2, 2), (64, 32, 4, 2, 2), (128, 32, 4, 3, 2), (64, 32, 4, 3, 1)]
+    else:
+        blocks = [(64, 32, 4, 3, 1), (64, 64, 4, 2, 1), (128, 64, 4, 3, 1), (128, 32, 4, 3, 1), (64, 32, 4, 3, 2)]
     if head_dim == 64:
         blocks = [(64, 32, 4, 2, 1), (64, 64, 4, 2, 1), (32, 64, 4, 2, 1), (32, 32, 4, 2, 1), (64, 32, 4, 2, 2)]
     elif head_dim == 128:
@@ -224,9 +229,10 @@ def _launch(name: str, kernel, configs: list[triton.Config], fixed: triton.Confi
     kernel[launch_grid](*args, j_bucket, **constexprs, **config.all_kwargs())
 
 
-def _fixed_fwd(config: LaunchConfig) -> triton.Config:
-    """The fixed forward-shaped launch (the forward and the dQ kernel) of a LaunchConfig."""
-    return triton.Config({"BLOCK_J": config.fwd_block_j, "BLOCK_K": config.fwd_block_k, "ROWS": config.fwd_rows},
+def _fixed_fwd(config: LaunchConfig, kernel: str = "fwd") -> triton.Config:
+    """The fixed forward-shaped launch of the forward or ("dq") the dQ kernel of a LaunchConfig."""
+    rows = config.dq_rows if kernel == "dq" else config.fwd_rows
+    return triton.Config({"BLOCK_J": config.fwd_block_j, "BLOCK_K": config.fwd_block_k, "ROWS": rows},
                          num_warps=config.fwd_warps, num_stages=config.fwd_stages)
 
 
@@ -276,10 +282,11 @@ def _use_fast_exp(config: LaunchConfig, device: torch.device) -> bool:
 
 def _use_split(config: LaunchConfig, dtype: torch.dtype, which: str, training: bool = True) -> bool:
     """hi + lo split of the float32 p ("p", the forward's p @ v) or dS ("ds", dS @ k and dS^T @ q) before the
-    16-bit matmuls; env MINI_OF3_SPLIT_P / MINI_OF3_SPLIT_DS = 0 or 1 forces one. By default both are on when a
-    backward follows: p's rounding in the forward would reach every gradient through delta = rowsum(dO * o) (dbias
-    error 1e-4 instead of 1e-6), and dq, dk sum dS with cancellation. A forward without a backward (inference) does
-    not split p: the output error is then 2.0e-3 instead of 1.7e-3 (bf16, NOTES.md) and the forward ~15 % faster.
+    16-bit matmuls; env MINI_OF3_SPLIT_P / MINI_OF3_SPLIT_DS = 0 or 1 forces one. By default dS is split (dq, dk
+    sum dS with cancellation) and p only for the fused backward (``training``): there p's rounding in the forward
+    would reach every gradient through delta = rowsum(dO * o) (dbias error 1e-4 instead of 1e-6); the separate dQ
+    kernel makes delta from p * dP itself. Unsplit, the output error is 2.0e-3 instead of 1.7e-3 (bf16, NOTES.md)
+    and the forward ~15 % faster (35 % with two rows per program).
     The backward's p^T @ dO is not split: that rounding shows only in dv, at the size of dv's own output rounding."""
     if dtype == torch.float32:
         return False
@@ -387,7 +394,7 @@ def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: f
         dq = _new((B, I, J, H, D), q.dtype, device)
         dq_args = (q, k, v, bias, kb_arg, do, o, lse, delta, dq, *strides, *o.stride(), *dq.stride(),
                    B, I, J, H, scale)
-        _launch("dq", K._bwd_dq, _fwd_configs(D), _fixed_fwd(config), _query_tile_grid(B, I, J, H), dq_args,
+        _launch("dq", K._bwd_dq, _fwd_configs(D, "dq"), _fixed_fwd(config, "dq"), _query_tile_grid(B, I, J, H), dq_args,
                 _bucket(J), dict(flags, SPLIT_DS=split_ds, COMPUTE_DELTA=not sigmoid), ("SPLIT_DS",))
     # dbias = sum over rows i of dS. Rows are split into chunks so that the grid holds at least ~16 programs per SM
     # (whole waves: at N = 768 the 576 tiles alone fill 2.2 waves, a quarter of the last one idle); the chunk
@@ -548,10 +555,12 @@ def triangle_attention(
             beta = torch.full((B, I), -math.log(J), dtype=torch.float32, device=q.device)
     residuals = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, bias))
     config = _override or default_config(D)
-    split_p, split_ds = _use_split(config, q.dtype, "p", residuals), _use_split(config, q.dtype, "ds")
     forward = _fwd_op if torch.compiler.is_compiling() else _EagerTriangleAttention.apply
     separate_dq = config.separate_dq if config.separate_dq is not None else \
         os.environ.get("MINI_OF3_SEPARATE_DQ", "1") != "0"   # the backward's kernels are chosen here, at the forward
+    # p's rounding in the forward reaches the gradients only through the fused backward's delta = rowsum(dO * o)
+    split_p = _use_split(config, q.dtype, "p", residuals and not sigmoid and not separate_dq)
+    split_ds = _use_split(config, q.dtype, "ds")
     key_bias = _key_bias(mask, beta, scale, (B, I, J))      # once, for the forward and its backward
     o, _, _ = forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq)
     return o

@@ -139,12 +139,13 @@ def test_delta_is_exact_despite_the_rounded_output(dtype, backward):
                                                               (33, torch.float32, "sigmoid", True)])
 def test_separate_and_fused_dq_backwards_agree(N, dtype, activation, transposed):
     """The two backwards (LaunchConfig.separate_dq, default on, and the fused dq/dk/dv kernel) both match the
-    reference; dv does not depend on delta and is bitwise the same, as are all gradients for sigmoid (no delta)."""
+    reference; dv does not depend on delta and is bitwise the same, as are all gradients for sigmoid (no delta).
+    p is split in both forwards (by default only for the fused backward), so that o is the same."""
     q, k, v, bias, mask, do = make_inputs(1, 3, N, 2, 16, dtype, masked=True, transposed=transposed)
     kw = dict(activation=activation, backend="triton")
-    with launch_config(separate_dq=False):
+    with launch_config(separate_dq=False, split_p=True):
         fused = run(triangle_attention, q, k, v, bias, mask, do, **kw)
-    with launch_config(separate_dq=True):
+    with launch_config(separate_dq=True, split_p=True):
         separate = run(triangle_attention, q, k, v, bias, mask, do, **kw)
     ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double(), activation=activation)
     for name, g, f, r in zip(("o", "dq", "dk", "dv", "dbias"), separate, fused, ref):
@@ -160,7 +161,7 @@ def test_small_tiles_cover_many_tile_loops(separate_dq, rows):
     read-modify-writes); one or two rows per forward / dQ program, over an odd number of rows."""
     q, k, v, bias, mask, do = make_inputs(1, 3, 37, 1, 16, torch.float32, masked=True, transposed=True)
     with launch_config(fwd_block_j=16, fwd_block_k=16, bwd_block_j=16, bwd_block_k=16, dbias_block=16,
-                       separate_dq=separate_dq, fwd_rows=rows):
+                       separate_dq=separate_dq, fwd_rows=rows, dq_rows=rows):
         got = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
     ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
     for g, r in zip(got, ref):
