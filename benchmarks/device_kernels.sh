@@ -2,22 +2,23 @@
 # One device call for the triangle-attention kernel (issue 3): the GPU tests, where the time goes, and the bench.
 #   MINI_OF3_COMMIT=<short hash> bash benchmarks/device_kernels.sh [TAG] [NS] [DS] [STEPS]
 # STEPS: any of tests, explore, bench (default all three; a call has 10 minutes, and the bench of both head dims
-# with the anchors' autotuning takes ~6 of them). Carry .whl (the anchors from ../shared/tools/anchor_wheels.sh).
+# with the anchors' autotuning takes ~6 of them). MINI_OF3_IMPLS: the bench's implementations (default: ours, its
+# bf16-bias and fused-backward variants, and the three anchors). Carry .whl (the anchors from ../shared/tools/anchor_wheels.sh).
 # Writes $OUT/kernels_<TAG>.json/.png and $OUT/explore.log; prints the tables last. MINI_OF3_COMMIT must be given:
 # the device checkout reports a stale HEAD.
 set -u
 tag=${1:-dev}; ns=${2:-256,384,512,640,768}; ds=${3:-32}; steps=${4:-tests,explore,bench}
+impls=${MINI_OF3_IMPLS:-mini_of3,mini_of3_bf16bias,mini_of3_fused,trifast,cueq,of3_triton}
 : "${MINI_OF3_COMMIT:?set MINI_OF3_COMMIT to the commit measured}"
 source benchmarks/device_env.sh
 if [[ $steps == *tests* ]]; then
-  MINI_OF3_AUTOTUNE=0 timeout 200 python3 -m pytest tests/kernels -q --tb=short -p no:cacheprovider 2>&1 | tail -30
+  MINI_OF3_AUTOTUNE=0 timeout 160 python3 -m pytest tests/kernels -q --tb=short -p no:cacheprovider 2>&1 | tail -30
 fi
 if [[ $steps == *explore* ]]; then
   timeout 200 python3 benchmarks/explore_tri_attn.py > "$OUT/explore.log" 2>&1
 fi
 if [[ $steps == *bench* ]]; then
-  timeout 420 python3 -m mini_of3.bench kernels --ns "$ns" --ds "$ds" \
-    --impls mini_of3,mini_of3_bf16bias,mini_of3_fused,trifast,cueq,of3_triton --check-ns 256,768 \
+  timeout 400 python3 -m mini_of3.bench kernels --ns "$ns" --ds "$ds" --impls "$impls" --check-ns 256,768 \
     --out "$OUT" --tag "$tag" 2>&1 | grep -v '^{' | grep -v 'Warning\|return super\|warn' | tail -80
 fi
 if [[ $steps == *explore* ]]; then grep -A20 "^N=" "$OUT/explore.log"; fi

@@ -75,7 +75,7 @@ def main():
         torch.cuda.synchronize()
         return
     fast = {**base.__dict__, "fast_exp": True}
-    variants = {   # v10 (run 9): forward 1 row per program, p unsplit; dQ kernel 2 rows per program
+    variants = {   # v10c: forward 64x64 1 row per program, p unsplit; dQ kernel 64x32, 2 rows per program
         "default": (LaunchConfig(**fast), {}),
         "no mask": (LaunchConfig(**fast), {"masked": False}),
         "bf16 bias": (LaunchConfig(**fast), {"bias": "bf16"}),
@@ -84,8 +84,8 @@ def main():
         "dq rows 1": (LaunchConfig(**{**fast, "dq_rows": 1}), {}),
         "split dS off": (LaunchConfig(**{**fast, "split_ds": False}), {}),
         "fused dqkv, int8 residual": (LaunchConfig(**{**fast, "separate_dq": False}), {}),
-        "fwd/dq 64x64 w4 s2": (LaunchConfig(**{**fast, "fwd_block_k": 64, "fwd_stages": 2}), {}),
-        "fwd/dq 128x32 w4 s3": (LaunchConfig(**{**fast, "fwd_block_j": 128}), {}),
+        "fwd 64x32 w4 s3": (LaunchConfig(**{**fast, "fwd_block_k": 32, "fwd_stages": 3}), {}),
+        "dq 64x64 w4 s2 rows 2": (LaunchConfig(**{**fast, "dq_block_k": 64, "dq_stages": 2}), {}),
     }
     rows = []
     for name, (config, kw) in list(variants.items())[:3 if args.quick else None]:

@@ -370,19 +370,20 @@ def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
 
 
 @triton.jit
-def _dq_row_step(q, do, k_base, v_base, bias_t, key_mask, lse, delta, dq, delta_exact, pk, offs_k, offs_d,
+def _dq_row_step(q, do, k_base, v_base, bias_t, key_mask, lse, delta, dq, p_dp, p_sum, pk, offs_k, offs_d,
                  sk_j, sk_d, sv_j, sv_d, J, scale2, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
                  COMPUTE_DELTA: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr):
-    """One key tile of one row of _bwd_dq: dq += dS k, and with COMPUTE_DELTA the sums of p * dP and p k."""
+    """One key tile of one row of _bwd_dq: dq += dS k, and with COMPUTE_DELTA the sums of p * dP, p and p k."""
     k, v, t = _key_tile_scores(q, k_base, v_base, bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J,
                                DOT_PREC)                                                   # t: [BJ, BK]
     dp = _dot(do, tl.trans(v), DOT_PREC)                                                   # [BJ, BK]
     p, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
     dq += _dot_split(ds, k, SPLIT_DS, DOT_PREC)                                            # [BJ, D]
     if COMPUTE_DELTA:
-        delta_exact += tl.sum(p * dp, 1)
+        p_dp += tl.sum(p * dp, 1)
+        p_sum += tl.sum(p, 1)
         pk = _dot(p.to(k.dtype), k, DOT_PREC, acc=pk)                                      # [BJ, D]
-    return dq, delta_exact, pk
+    return dq, p_dp, p_sum, pk
 
 
 @triton.jit
@@ -403,10 +404,13 @@ def _dq_row_start(Q, DO, O, LSE, DELTA, q_base, do_base, o_base, row_base, offs_
 
 
 @triton.jit
-def _dq_row_store(dq, delta0, delta_exact, pk, DQ, DELTA, g_base, row_base, offs_j, offs_d, sg_j, sg_d, J, scale,
+def _dq_row_store(dq, delta0, p_dp, p_sum, pk, DQ, DELTA, g_base, row_base, offs_j, offs_d, sg_j, sg_d, J, scale,
                   COMPUTE_DELTA: tl.constexpr):
     in_j = offs_j < J        # J: 0 for a row past the end
     if COMPUTE_DELTA:
+        # delta = E_p[dP] with p as this backward recomputes it: its sum over keys misses 1 by the rounding of lse
+        # (an ulp of |score|, 1e-3 at scores of 1e4); normalising keeps sum_k dS = 0 there as well
+        delta_exact = p_dp / tl.where(p_sum > 0.0, p_sum, 1.0)
         dq -= (delta_exact - delta0)[:, None] * pk
         tl.store(DELTA + row_base + offs_j, delta_exact, mask=in_j)
     g_ptrs = g_base + offs_j[:, None] * sg_j + offs_d[None, :] * sg_d
@@ -447,7 +451,8 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ,
                                           row_base + i0 * J, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d, so_j, so_d, J,
                                           SIGMOID, COMPUTE_DELTA)
     dq0 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
-    exact0 = tl.zeros([BLOCK_J], dtype=tl.float32)
+    p_dp0 = tl.zeros([BLOCK_J], dtype=tl.float32)
+    p_sum0 = tl.zeros([BLOCK_J], dtype=tl.float32)
     pk0 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
     mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
     if ROWS == 2:
@@ -456,7 +461,8 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ,
                                               row_base + i1 * J, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d, so_j,
                                               so_d, J, SIGMOID, COMPUTE_DELTA)
         dq1 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
-        exact1 = tl.zeros([BLOCK_J], dtype=tl.float32)
+        p_dp1 = tl.zeros([BLOCK_J], dtype=tl.float32)
+        p_sum1 = tl.zeros([BLOCK_J], dtype=tl.float32)
         pk1 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
         mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
     for k0 in range(0, J, BLOCK_K):
@@ -464,20 +470,22 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ,
         bias_t = _bias_tile(bias_base, offs_j, offs_k, sb_k, J, scale)                         # [BJ, BK]
         mask0 = mask_next0
         mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
-        dq0, exact0, pk0 = _dq_row_step(q0, do0, k_base + i0 * sk_i, v_base + i0 * sv_i, bias_t, mask0, lse0,
-                                        delta0, dq0, exact0, pk0, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J, scale2,
-                                        SIGMOID, SPLIT_DS, COMPUTE_DELTA, FAST_EXP, DOT_PREC)
+        dq0, p_dp0, p_sum0, pk0 = _dq_row_step(q0, do0, k_base + i0 * sk_i, v_base + i0 * sv_i, bias_t, mask0,
+                                               lse0, delta0, dq0, p_dp0, p_sum0, pk0, offs_k, offs_d, sk_j, sk_d,
+                                               sv_j, sv_d, J, scale2, SIGMOID, SPLIT_DS, COMPUTE_DELTA, FAST_EXP,
+                                               DOT_PREC)
         if ROWS == 2:
             mask1 = mask_next1
             mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
-            dq1, exact1, pk1 = _dq_row_step(q1, do1, k_base + i1 * sk_i, v_base + i1 * sv_i, bias_t, mask1, lse1,
-                                            delta1, dq1, exact1, pk1, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J,
-                                            scale2, SIGMOID, SPLIT_DS, COMPUTE_DELTA, FAST_EXP, DOT_PREC)
+            dq1, p_dp1, p_sum1, pk1 = _dq_row_step(q1, do1, k_base + i1 * sk_i, v_base + i1 * sv_i, bias_t, mask1,
+                                                   lse1, delta1, dq1, p_dp1, p_sum1, pk1, offs_k, offs_d, sk_j, sk_d,
+                                                   sv_j, sv_d, J, scale2, SIGMOID, SPLIT_DS, COMPUTE_DELTA, FAST_EXP,
+                                                   DOT_PREC)
     g_base = b64 * sg_b + h * sg_h
-    _dq_row_store(dq0, delta0, exact0, pk0, DQ, DELTA, g_base + i0 * sg_i, row_base + i0 * J, offs_j, offs_d,
-                  sg_j, sg_d, J, scale, COMPUTE_DELTA)
+    _dq_row_store(dq0, delta0, p_dp0, p_sum0, pk0, DQ, DELTA, g_base + i0 * sg_i, row_base + i0 * J, offs_j,
+                  offs_d, sg_j, sg_d, J, scale, COMPUTE_DELTA)
     if ROWS == 2:
-        _dq_row_store(dq1, delta1, exact1, pk1, DQ, DELTA, g_base + i1 * sg_i, row_base + i1 * J, offs_j, offs_d,
+        _dq_row_store(dq1, delta1, p_dp1, p_sum1, pk1, DQ, DELTA, g_base + i1 * sg_i, row_base + i1 * J, offs_j, offs_d,
                       sg_j, sg_d, tl.where(i0 + 1 < I, J, 0), scale, COMPUTE_DELTA)
 
 

@@ -126,19 +126,23 @@ class LaunchConfig:
                                       # default on. Like the splits, chosen at the forward call for its backward
     fwd_rows: int = 1                 # rows i per program of the forward (1 or 2): two rows share each bias tile
                                       # load (the bias is re-read for every row i)
-    dq_rows: int = 1                  # the same for the dQ kernel (separate_dq)
+    dq_block_j: int = 64              # the dQ kernel (separate_dq): forward-shaped, its own tiles
+    dq_block_k: int = 32
+    dq_warps: int = 4
+    dq_stages: int = 3
+    dq_rows: int = 1                  # rows i per dQ program (1 or 2)
 
 
 def default_config(head_dim: int) -> LaunchConfig:
     """A good fixed configuration for each head dim (used under the interpreter and with MINI_OF3_AUTOTUNE=0);
     the D <= 32 one is the fastest fixed set measured on the H200 (NOTES.md)."""
     if _interpreting():
-        return LaunchConfig(32, 32, 4, 1, 32, 32, 4, 1, 32, 4, 1, fwd_rows=2, dq_rows=2)
-    if head_dim <= 32:   # two rows per program pay in the dQ kernel, not in the forward (NOTES.md, run 8)
-        return LaunchConfig(64, 32, 4, 3, 64, 128, 8, 1, 64, 4, 3, fwd_rows=1, dq_rows=2)
+        return LaunchConfig(32, 32, 4, 1, 32, 32, 4, 1, 32, 4, 1, fwd_rows=2, dq_block_j=32, dq_stages=1, dq_rows=2)
+    if head_dim <= 32:   # two rows per program pay in the dQ kernel, not in the forward (NOTES.md, runs 8, 9)
+        return LaunchConfig(64, 64, 4, 2, 64, 128, 8, 1, 64, 4, 3, dq_rows=2)
     if head_dim == 64:
-        return LaunchConfig(64, 32, 4, 2, 32, 64, 4, 2, 64, 4, 1)
-    return LaunchConfig(32, 32, 4, 2, 32, 32, 4, 2, 32, 4, 1)
+        return LaunchConfig(64, 32, 4, 2, 32, 64, 4, 2, 64, 4, 1, dq_stages=2)
+    return LaunchConfig(32, 32, 4, 2, 32, 32, 4, 2, 32, 4, 1, dq_block_j=32, dq_stages=2)
 
 
 _override: LaunchConfig | None = None
@@ -231,8 +235,10 @@ def _launch(name: str, kernel, configs: list[triton.Config], fixed: triton.Confi
 
 def _fixed_fwd(config: LaunchConfig, kernel: str = "fwd") -> triton.Config:
     """The fixed forward-shaped launch of the forward or ("dq") the dQ kernel of a LaunchConfig."""
-    rows = config.dq_rows if kernel == "dq" else config.fwd_rows
-    return triton.Config({"BLOCK_J": config.fwd_block_j, "BLOCK_K": config.fwd_block_k, "ROWS": rows},
+    if kernel == "dq":
+        return triton.Config({"BLOCK_J": config.dq_block_j, "BLOCK_K": config.dq_block_k, "ROWS": config.dq_rows},
+                             num_warps=config.dq_warps, num_stages=config.dq_stages)
+    return triton.Config({"BLOCK_J": config.fwd_block_j, "BLOCK_K": config.fwd_block_k, "ROWS": config.fwd_rows},
                          num_warps=config.fwd_warps, num_stages=config.fwd_stages)
 
 
