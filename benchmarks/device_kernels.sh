@@ -3,7 +3,7 @@
 #   MINI_OF3_COMMIT=<short hash> bash benchmarks/device_kernels.sh [TAG] [NS] [DS] [STEPS]
 # STEPS: any of tests, explore, bench (default all three; a call has 10 minutes, and the bench of both head dims
 # with the anchors' autotuning takes ~6 of them). MINI_OF3_IMPLS: the bench's implementations (default: ours, its
-# bf16-bias and fused-backward variants, and the three anchors). Carry .whl (the anchors from ../shared/tools/anchor_wheels.sh).
+# bf16-bias and fused-backward variants, and the three anchors); MINI_OF3_TESTS_K: a pytest -k subset of the tests. Carry .whl (the anchors from ../shared/tools/anchor_wheels.sh).
 # Writes $OUT/kernels_<TAG>.json/.png and $OUT/explore.log; prints the tables last. MINI_OF3_COMMIT must be given:
 # the device checkout reports a stale HEAD.
 set -u
@@ -12,7 +12,8 @@ impls=${MINI_OF3_IMPLS:-mini_of3,mini_of3_bf16bias,mini_of3_fused,trifast,cueq,o
 : "${MINI_OF3_COMMIT:?set MINI_OF3_COMMIT to the commit measured}"
 source benchmarks/device_env.sh
 if [[ $steps == *tests* ]]; then
-  MINI_OF3_AUTOTUNE=0 timeout 160 python3 -m pytest tests/kernels -q --tb=short -p no:cacheprovider 2>&1 | tail -30
+  MINI_OF3_AUTOTUNE=0 timeout 160 python3 -m pytest tests/kernels -q --tb=short -p no:cacheprovider \
+    ${MINI_OF3_TESTS_K:+-k "$MINI_OF3_TESTS_K"} 2>&1 | tail -30
 fi
 if [[ $steps == *explore* ]]; then
   timeout 200 python3 benchmarks/explore_tri_attn.py > "$OUT/explore.log" 2>&1
