@@ -83,8 +83,6 @@ def main():
         "fwd rows 2": (LaunchConfig(**{**fast, "fwd_rows": 2}), {}),
         "dq rows 1": (LaunchConfig(**{**fast, "dq_rows": 1}), {}),
         "split dS off": (LaunchConfig(**{**fast, "split_ds": False}), {}),
-        "dS in float16 (v11)": (LaunchConfig(**{**fast, "ds_fp16": True}), {}),
-        "dS in float16, bf16 bias": (LaunchConfig(**{**fast, "ds_fp16": True}), {"bias": "bf16"}),
         "fused dqkv, int8 residual": (LaunchConfig(**{**fast, "separate_dq": False}), {}),
         "fwd 64x32 w4 s3": (LaunchConfig(**{**fast, "fwd_block_k": 32, "fwd_stages": 3}), {}),
         "dq 64x64 w4 s2 rows 2": (LaunchConfig(**{**fast, "dq_block_k": 64, "dq_stages": 2}), {}),

@@ -18,7 +18,7 @@ from mini_of3.kernels import triangle_attention, triangle_attention_ref
 from mini_of3.kernels.triangle_attention import default_config, launch_config
 
 _SPLIT_ENV = ("MINI_OF3_SPLIT_P", "MINI_OF3_SPLIT_DS")
-_CHOICE_ENV = (*_SPLIT_ENV, "MINI_OF3_SEPARATE_DQ", "MINI_OF3_DS_FP16")
+_CHOICE_ENV = (*_SPLIT_ENV, "MINI_OF3_SEPARATE_DQ")
 # canonical [B, I, J, H, D] -> native, and the permutation back
 _TO_BHIJD, _FROM_BHIJD = (0, 3, 1, 2, 4), (0, 2, 3, 1, 4)
 _TO_BIHJD, _FROM_BIHJD = (0, 1, 3, 2, 4), (0, 1, 3, 2, 4)
@@ -38,10 +38,9 @@ def _same(t: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 def _mini_of3(name: str, bias_fp32: bool = True, fixed: bool = False, split: bool = True,
-              separate_dq: bool = True, ds_fp16: bool | None = None) -> Impl:
+              separate_dq: bool = True) -> Impl:
     """Ours, autotuned (or the fixed default configuration), with a float32 or bf16 bias, with or without the hi+lo
-    split of p and dS (the speed/accuracy trade-off, NOTES.md), with dQ in its own kernel (the default) or fused with
-    dK, dV, with dS in float16 (ds_fp16 True) or not (False) or as the default (None)."""
+    split of p and dS (the speed/accuracy trade-off, NOTES.md), with dQ in its own kernel (the default) or fused with dK, dV."""
     def native(q, k, v, bias, mask):
         return q, k, v, bias if bias_fp32 else bias.to(q.dtype), mask
 
@@ -55,8 +54,6 @@ def _mini_of3(name: str, bias_fp32: bool = True, fixed: bool = False, split: boo
             else:
                 os.environ[key] = "0"
         os.environ["MINI_OF3_SEPARATE_DQ"] = "1" if separate_dq else "0"
-        if ds_fp16 is not None:
-            os.environ["MINI_OF3_DS_FP16"] = "1" if ds_fp16 else "0"
         try:
             if fixed:
                 with launch_config(default_config(q.shape[-1])):
@@ -129,8 +126,6 @@ FACTORIES: dict[str, Callable[[], Impl]] = {
     "mini_of3_fixed": lambda: _mini_of3("mini_of3_fixed", fixed=True),
     "mini_of3_nosplit": lambda: _mini_of3("mini_of3_nosplit", split=False),
     "mini_of3_fused": lambda: _mini_of3("mini_of3_fused", separate_dq=False),
-    "mini_of3_ds16": lambda: _mini_of3("mini_of3_ds16", ds_fp16=True),
-    "mini_of3_split": lambda: _mini_of3("mini_of3_split", ds_fp16=False),
     "trifast": _trifast,
     "cueq": _cueq,
     "of3_triton": _of3_triton,

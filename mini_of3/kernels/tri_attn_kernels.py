@@ -100,31 +100,6 @@ def _dot_split(p, x, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, TRANS_P: tl.co
 
 
 @triton.jit
-def _ds_dot(ds, x, ds_scale, SPLIT: tl.constexpr, DS_FP16: tl.constexpr, DOT_PREC: tl.constexpr,
-            TRANS_P: tl.constexpr = False):
-    """dS @ x (or dS^T @ x) for a 16-bit x. DS_FP16: dS * ds_scale and x both in float16 (11 significant bits
-    instead of bf16's 8, one MMA instead of the split's two); ds_scale, a power of two per attention row (b, i, h),
-    keeps |dS| * ds_scale at most 2^14, and the result is in those scaled units. Else _dot_split of dS."""
-    if DS_FP16:
-        ds16 = (ds * ds_scale).to(tl.float16)
-        if TRANS_P:
-            return _dot(tl.trans(ds16), x.to(tl.float16), DOT_PREC)
-        else:
-            return _dot(ds16, x.to(tl.float16), DOT_PREC)
-    else:
-        return _dot_split(ds, x, SPLIT, DOT_PREC, TRANS_P)
-
-
-@triton.jit
-def _row_ds_scale(DS_SCALE, b64, i, h, I, H, DS_FP16: tl.constexpr):
-    """ds_scale of attention row (b, i, h) (1 without DS_FP16)."""
-    if DS_FP16:
-        return tl.load(DS_SCALE + (b64 * I + i) * H + h)
-    else:
-        return 1.0
-
-
-@triton.jit
 def _query_tile_program(J, H, I, BLOCK_J: tl.constexpr, ROWS: tl.constexpr = 1):
     """(query tile, head, first row, batch) of this program, query tile fastest, then head, then the group of ROWS
     rows: the programs in flight share rows i (their k and v are read from HBM once) and the bias of every head
@@ -317,14 +292,14 @@ def _probs_and_dscores(t, scale2, dp, lse, delta, SIGMOID: tl.constexpr, FAST_EX
 
 
 @triton.jit
-def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV, DS_SCALE,
+def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
               sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
               sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
               sg_b, sg_i, sg_j, sg_h, sg_d,
               B, I, J, H, scale, J_BUCKET,
               HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
               FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
-              BLOCK_D: tl.constexpr, COMPUTE_DQ: tl.constexpr = True, DS_FP16: tl.constexpr = False):
+              BLOCK_D: tl.constexpr, COMPUTE_DQ: tl.constexpr = True):
     # COMPUTE_DQ False: dK and dV only (dQ then comes from _bwd_dq): the dQ product, its transpose of dS and the
     # scratch read-modify-write are most of this kernel's register pressure (NOTES.md, session 2).
     # Tiles are computed transposed, [key, query] (as FlashAttention-2's backward): p^T and dS^T are then the
@@ -351,8 +326,6 @@ def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV, DS_SC
         acc_base = DQ_ACC + tl.program_id(0).to(tl.int64) * J * BLOCK_D  # this program's dQ scratch row [J, D]
         g_base = b64 * sg_b + i64 * sg_i + h * sg_h                   # into DQ, DK, DV (same layout)
         scale2 = _base2(scale)
-        ds_scale = _row_ds_scale(DS_SCALE, b64, i64, h, I, H, DS_FP16)
-        unscale = scale / ds_scale                                     # dq, dk are accumulated in ds_scale units
 
         key_mask_next = _key_mask(KEY_BIAS, m_base, offs_kt, sm_k, J, HAS_KEY_BIAS)
         for k0 in range(0, J, BLOCK_K):
@@ -383,30 +356,29 @@ def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV, DS_SC
                 dpt = _dot(v, tl.trans(do), DOT_PREC)                                               # [BK, BJ]
                 pt, dst = _probs_and_dscores(tt, scale2, dpt, lse[None, :], delta[None, :], SIGMOID, FAST_EXP)
                 dv += _dot_split(pt, do, False, DOT_PREC)    # [BK, D]; p's rounding shows only in dv, as its own
-                dk += _ds_dot(dst, q, ds_scale, SPLIT_DS, DS_FP16, DOT_PREC)                        # [BK, D]
+                dk += _dot_split(dst, q, SPLIT_DS, DOT_PREC)                                        # [BK, D]
                 if COMPUTE_DQ:
                     acc_ptrs = acc_base + offs_j[:, None] * BLOCK_D + offs_d[None, :]
                     dq = tl.load(acc_ptrs, mask=offs_j[:, None] < rows_read, other=0.0)
-                    dq += _ds_dot(dst, k, ds_scale, SPLIT_DS, DS_FP16, DOT_PREC, TRANS_P=True)      # [BJ, D]
+                    dq += _dot_split(dst, k, SPLIT_DS, DOT_PREC, TRANS_P=True)                      # [BJ, D]
                     tl.store(acc_ptrs, dq, mask=offs_j[:, None] < rows_keep)
                     g_ptrs = g_base + offs_j[:, None] * sg_j + offs_d[None, :] * sg_d
-                    tl.store(DQ + g_ptrs, (dq * unscale).to(DQ.dtype.element_ty), mask=offs_j[:, None] < rows_out)
+                    tl.store(DQ + g_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=offs_j[:, None] < rows_out)
             g_ptrs = g_base + offs_k[:, None] * sg_j + offs_d[None, :] * sg_d
-            tl.store(DK + g_ptrs, (dk * unscale).to(DK.dtype.element_ty), mask=offs_k[:, None] < J)
+            tl.store(DK + g_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=offs_k[:, None] < J)
             tl.store(DV + g_ptrs, dv.to(DV.dtype.element_ty), mask=offs_k[:, None] < J)
 
 
 @triton.jit
-def _dq_row_step(q, do, k_base, v_base, bias_t, key_mask, lse, delta, ds_scale, dq, p_dp, p_sum, pk, offs_k, offs_d,
+def _dq_row_step(q, do, k_base, v_base, bias_t, key_mask, lse, delta, dq, p_dp, p_sum, pk, offs_k, offs_d,
                  sk_j, sk_d, sv_j, sv_d, J, scale2, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
-                 DS_FP16: tl.constexpr, COMPUTE_DELTA: tl.constexpr, FAST_EXP: tl.constexpr,
-                 DOT_PREC: tl.constexpr):
+                 COMPUTE_DELTA: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr):
     """One key tile of one row of _bwd_dq: dq += dS k, and with COMPUTE_DELTA the sums of p * dP, p and p k."""
     k, v, t = _key_tile_scores(q, k_base, v_base, bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J,
                                DOT_PREC)                                                   # t: [BJ, BK]
     dp = _dot(do, tl.trans(v), DOT_PREC)                                                   # [BJ, BK]
     p, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
-    dq += _ds_dot(ds, k, ds_scale, SPLIT_DS, DS_FP16, DOT_PREC)                            # [BJ, D]
+    dq += _dot_split(ds, k, SPLIT_DS, DOT_PREC)                                            # [BJ, D]
     if COMPUTE_DELTA:
         p_dp += tl.sum(p * dp, 1)
         p_sum += tl.sum(p, 1)
@@ -432,10 +404,9 @@ def _dq_row_start(Q, DO, O, LSE, DELTA, q_base, do_base, o_base, row_base, offs_
 
 
 @triton.jit
-def _dq_row_store(dq, ds_scale, delta0, p_dp, p_sum, pk, DQ, DELTA, g_base, row_base, offs_j, offs_d, sg_j, sg_d, J,
-                  scale, COMPUTE_DELTA: tl.constexpr):
+def _dq_row_store(dq, delta0, p_dp, p_sum, pk, DQ, DELTA, g_base, row_base, offs_j, offs_d, sg_j, sg_d, J, scale,
+                  COMPUTE_DELTA: tl.constexpr):
     in_j = offs_j < J        # J: 0 for a row past the end
-    dq = dq / ds_scale       # a power of two: exact
     if COMPUTE_DELTA:
         # delta = E_p[dP] with p as this backward recomputes it: its sum over keys misses 1 by the rounding of lse
         # (an ulp of |score|, 1e-3 at scores of 1e4); normalising keeps sum_k dS = 0 there as well
@@ -447,14 +418,14 @@ def _dq_row_store(dq, ds_scale, delta0, p_dp, p_sum, pk, DQ, DELTA, g_base, row_
 
 
 @triton.jit
-def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ, DS_SCALE,
+def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ,
             sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
             sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
             so_b, so_i, so_j, so_h, so_d, sg_b, sg_i, sg_j, sg_h, sg_d,
             B, I, J, H, scale, J_BUCKET,
             HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr, FAST_EXP: tl.constexpr,
             DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-            COMPUTE_DELTA: tl.constexpr = False, ROWS: tl.constexpr = 1, DS_FP16: tl.constexpr = False):
+            COMPUTE_DELTA: tl.constexpr = False, ROWS: tl.constexpr = 1):
     """dQ alone, one program per (query tile, head, ROWS rows, batch) as the forward: a loop over key tiles
     recomputes p and dS = p (dP - delta) and accumulates dQ = dS k in registers (no scratch, no transpose). With
     _bwd_dqkv(COMPUTE_DQ=False) it replaces the fused dq/dk/dv kernel at the cost of one more recomputation.
@@ -479,7 +450,6 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ, DS_SCALE,
                                           b64 * sd_b + i0 * sd_i + h * sd_h, b64 * so_b + i0 * so_i + h * so_h,
                                           row_base + i0 * J, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d, so_j, so_d, J,
                                           SIGMOID, COMPUTE_DELTA)
-    ds_scale0 = _row_ds_scale(DS_SCALE, b64, i0, h, I, H, DS_FP16)
     dq0 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
     p_dp0 = tl.zeros([BLOCK_J], dtype=tl.float32)
     p_sum0 = tl.zeros([BLOCK_J], dtype=tl.float32)
@@ -490,7 +460,6 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ, DS_SCALE,
                                               b64 * sd_b + i1 * sd_i + h * sd_h, b64 * so_b + i1 * so_i + h * so_h,
                                               row_base + i1 * J, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d, so_j,
                                               so_d, J, SIGMOID, COMPUTE_DELTA)
-        ds_scale1 = _row_ds_scale(DS_SCALE, b64, i1, h, I, H, DS_FP16)
         dq1 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
         p_dp1 = tl.zeros([BLOCK_J], dtype=tl.float32)
         p_sum1 = tl.zeros([BLOCK_J], dtype=tl.float32)
@@ -502,22 +471,22 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ, DS_SCALE,
         mask0 = mask_next0
         mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
         dq0, p_dp0, p_sum0, pk0 = _dq_row_step(q0, do0, k_base + i0 * sk_i, v_base + i0 * sv_i, bias_t, mask0,
-                                               lse0, delta0, ds_scale0, dq0, p_dp0, p_sum0, pk0, offs_k, offs_d,
-                                               sk_j, sk_d, sv_j, sv_d, J, scale2, SIGMOID, SPLIT_DS, DS_FP16,
-                                               COMPUTE_DELTA, FAST_EXP, DOT_PREC)
+                                               lse0, delta0, dq0, p_dp0, p_sum0, pk0, offs_k, offs_d, sk_j, sk_d,
+                                               sv_j, sv_d, J, scale2, SIGMOID, SPLIT_DS, COMPUTE_DELTA, FAST_EXP,
+                                               DOT_PREC)
         if ROWS == 2:
             mask1 = mask_next1
             mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
             dq1, p_dp1, p_sum1, pk1 = _dq_row_step(q1, do1, k_base + i1 * sk_i, v_base + i1 * sv_i, bias_t, mask1,
-                                                   lse1, delta1, ds_scale1, dq1, p_dp1, p_sum1, pk1, offs_k,
-                                                   offs_d, sk_j, sk_d, sv_j, sv_d, J, scale2, SIGMOID, SPLIT_DS,
-                                                   DS_FP16, COMPUTE_DELTA, FAST_EXP, DOT_PREC)
+                                                   lse1, delta1, dq1, p_dp1, p_sum1, pk1, offs_k, offs_d, sk_j, sk_d,
+                                                   sv_j, sv_d, J, scale2, SIGMOID, SPLIT_DS, COMPUTE_DELTA, FAST_EXP,
+                                                   DOT_PREC)
     g_base = b64 * sg_b + h * sg_h
-    _dq_row_store(dq0, ds_scale0, delta0, p_dp0, p_sum0, pk0, DQ, DELTA, g_base + i0 * sg_i, row_base + i0 * J, offs_j,
+    _dq_row_store(dq0, delta0, p_dp0, p_sum0, pk0, DQ, DELTA, g_base + i0 * sg_i, row_base + i0 * J, offs_j,
                   offs_d, sg_j, sg_d, J, scale, COMPUTE_DELTA)
     if ROWS == 2:
-        _dq_row_store(dq1, ds_scale1, delta1, p_dp1, p_sum1, pk1, DQ, DELTA, g_base + i1 * sg_i, row_base + i1 * J,
-                      offs_j, offs_d, sg_j, sg_d, tl.where(i0 + 1 < I, J, 0), scale, COMPUTE_DELTA)
+        _dq_row_store(dq1, delta1, p_dp1, p_sum1, pk1, DQ, DELTA, g_base + i1 * sg_i, row_base + i1 * J, offs_j, offs_d,
+                      sg_j, sg_d, tl.where(i0 + 1 < I, J, 0), scale, COMPUTE_DELTA)
 
 
 @triton.jit

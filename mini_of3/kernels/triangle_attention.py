@@ -116,8 +116,6 @@ class LaunchConfig:
     split_p: bool | None = None       # hi+lo split of p in the forward's p @ v (None: MINI_OF3_SPLIT_P, default: on
                                       # when the forward keeps residuals for a backward, off for inference)
     split_ds: bool | None = None      # hi+lo split of dS in dS @ k and dS^T @ q (None: MINI_OF3_SPLIT_DS, default on)
-    ds_fp16: bool | None = None       # instead: dS and q, k in float16, dS scaled per attention row (None:
-                                      # MINI_OF3_DS_FP16, default off)
     fast_exp: bool | None = None      # ex2.approx.ftz / rcp.approx through inline PTX (None: on for CUDA)
     residual: str | None = None       # (fused backward only) the output's rounding residual kept for the backward:
                                       # "int8" (a quarter of o's bytes) or "input" (o's dtype); None:
@@ -305,34 +303,6 @@ def _use_split(config: LaunchConfig, dtype: torch.dtype, which: str, training: b
     return env != "0" if env else training
 
 
-DS_ROUND, DS_SPLIT, DS_FP16 = 0, 1, 2   # how dS meets the 16-bit q and k in dS @ k and dS^T @ q
-
-
-def _ds_mode(config: LaunchConfig, dtype: torch.dtype) -> int:
-    """DS_FP16 (bf16 inputs; LaunchConfig.ds_fp16 or MINI_OF3_DS_FP16=1): dS * s and q, k in float16, 3 more bits
-    than bf16 and one MMA, as accurate as the split (NOTES.md, v11); else DS_SPLIT (the default, _use_split) or
-    DS_ROUND. float32 inputs: DS_ROUND (no 16-bit MMA); float16 inputs keep the split (rounding dS to their own
-    dtype would lose to it)."""
-    if dtype == torch.float32:
-        return DS_ROUND
-    fp16 = config.ds_fp16 if config.ds_fp16 is not None else os.environ.get("MINI_OF3_DS_FP16", "0") == "1"
-    if fp16 and dtype == torch.bfloat16:
-        return DS_FP16
-    return DS_SPLIT if _use_split(config, dtype, "ds") else DS_ROUND
-
-
-def _ds_scales(do: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """A power of two s per attention row (b, i, h), [B, I, H] float32, with |dS| * s <= 2^14 < float16's 65504:
-    |dS| <= p (|dP| + |delta|) <= 2 max |dP| (sigmoid: |dP| / 4) and |dP_jk| = |dO_j . v_k| <= D max|dO| max|v|
-    over the row. Scaling to the top of float16's range keeps the small dS of bf16 training (1e-8) out of its
-    subnormals. Reads dO and v once, in their dtype (max and min along D, no float32 copy)."""
-    def abs_max(t: torch.Tensor) -> torch.Tensor:                                 # [B, I, J, H, D] -> [B, I, H]
-        return torch.maximum(t.amax(dim=-1), -t.amin(dim=-1)).amax(dim=2).float()
-    bound = 2 * do.shape[-1] * abs_max(do) * abs_max(v)
-    exponent = torch.floor(torch.log2(2.0 ** 14 / bound)).nan_to_num(0.0).clamp(-126, 126)
-    return torch.exp2(exponent).contiguous()
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # forward and backward launchers
 
@@ -403,7 +373,7 @@ def _forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: bo
     return o, o_lo, lse
 
 
-def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: float, ds_mode: int,
+def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: float, split_ds: bool,
               separate_dq: bool):
     B, I, J, H, D = q.shape
     config = _override or default_config(D)
@@ -425,15 +395,13 @@ def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: f
     strides = (*q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *do.stride())
     flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, DOT_PREC=dot_prec, BLOCK_D=D,
                  FAST_EXP=_use_fast_exp(config, device))
-    ds_flags = dict(SPLIT_DS=ds_mode == DS_SPLIT, DS_FP16=ds_mode == DS_FP16)
-    ds_scale = _ds_scales(do, v) if ds_mode == DS_FP16 else lse    # lse: a stand-in, never read
     if separate_dq:
         # dQ first: for softmax its kernel also writes the exact delta that the dbias and dK/dV kernels read
         dq = _new((B, I, J, H, D), q.dtype, device)
-        dq_args = (q, k, v, bias, kb_arg, do, o, lse, delta, dq, ds_scale, *strides, *o.stride(), *dq.stride(),
+        dq_args = (q, k, v, bias, kb_arg, do, o, lse, delta, dq, *strides, *o.stride(), *dq.stride(),
                    B, I, J, H, scale)
         _launch("dq", K._bwd_dq, _fwd_configs(D, "dq"), _fixed_fwd(config, "dq"), _query_tile_grid(B, I, J, H), dq_args,
-                _bucket(J), dict(flags, **ds_flags, COMPUTE_DELTA=not sigmoid), ("SPLIT_DS", "DS_FP16"))
+                _bucket(J), dict(flags, SPLIT_DS=split_ds, COMPUTE_DELTA=not sigmoid), ("SPLIT_DS",))
     # dbias = sum over rows i of dS. Rows are split into chunks so that the grid holds at least ~16 programs per SM
     # (whole waves: at N = 768 the 576 tiles alone fill 2.2 waves, a quarter of the last one idle); the chunk
     # partials (B*H*J*K float32 each) are summed afterwards in order.
@@ -466,12 +434,12 @@ def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: f
     programs = math.ceil(rows / per_program)
     # one dQ scratch row per program (none when dQ has its own kernel)
     dq_acc = dq if separate_dq else torch.empty((programs, J, D), dtype=torch.float32, device=device)
-    dqkv_args = (*common, dq_acc, dq, dk, dv, ds_scale, *strides, *dq.stride(), B, I, J, H, scale)
-    dqkv_flags = dict(flags, **ds_flags, COMPUTE_DQ=not separate_dq)
+    dqkv_args = (*common, dq_acc, dq, dk, dv, *strides, *dq.stride(), B, I, J, H, scale)
+    dqkv_flags = dict(flags, SPLIT_DS=split_ds, COMPUTE_DQ=not separate_dq)
     fixed_dqkv = triton.Config({"BLOCK_J": config.bwd_block_j, "BLOCK_K": config.bwd_block_k},
                                num_warps=config.bwd_warps, num_stages=config.bwd_stages)
     _launch("dqkv", K._bwd_dqkv, _bwd_configs(D), fixed_dqkv, (programs,), dqkv_args, _bucket(J), dqkv_flags,
-            ("SPLIT_DS", "DS_FP16", "COMPUTE_DQ"))
+            ("SPLIT_DS", "COMPUTE_DQ"))
     return dq, dk, dv, dbias
 
 
@@ -481,13 +449,13 @@ def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: f
 
 @torch.library.custom_op("mini_of3::triangle_attention_fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, key_bias: torch.Tensor | None,
-            sigmoid: bool, scale: float, residuals: bool, split_p: bool, ds_mode: int, separate_dq: bool
+            sigmoid: bool, scale: float, residuals: bool, split_p: bool, split_ds: bool, separate_dq: bool
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, not separate_dq)
 
 
 @_fwd_op.register_fake
-def _fwd_fake(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, ds_mode, separate_dq):
+def _fwd_fake(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq):
     B, I, J, H, D = q.shape
     keep = residuals and not sigmoid
     o = q.new_empty((B, I, J, H, D))
@@ -500,28 +468,28 @@ def _fwd_fake(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, ds_mo
 @torch.library.custom_op("mini_of3::triangle_attention_bwd", mutates_args=())
 def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
             key_bias: torch.Tensor | None, o: torch.Tensor, o_lo: torch.Tensor, lse: torch.Tensor, sigmoid: bool,
-            scale: float, ds_mode: int, separate_dq: bool
+            scale: float, split_ds: bool, separate_dq: bool
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid, scale, ds_mode, separate_dq)
+    return _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid, scale, split_ds, separate_dq)
 
 
 @_bwd_op.register_fake
-def _bwd_fake(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid, scale, ds_mode, separate_dq):
+def _bwd_fake(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid, scale, split_ds, separate_dq):
     return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), bias.new_empty(bias.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, ds_mode, separate_dq = inputs
+    q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq = inputs
     o, o_lo, lse = output
     ctx.save_for_backward(q, k, v, bias, key_bias, o, o_lo, lse)
-    ctx.sigmoid, ctx.scale, ctx.ds_mode, ctx.separate_dq = sigmoid, scale, ds_mode, separate_dq
+    ctx.sigmoid, ctx.scale, ctx.split_ds, ctx.separate_dq = sigmoid, scale, split_ds, separate_dq
     ctx.mark_non_differentiable(o_lo, lse)
     ctx.set_materialize_grads(False)     # no zero-filled gradients for o_lo and lse (saves one o-sized tensor)
 
 
 def _autograd_backward(ctx, do, _do_lo, _dlse, backward=_bwd_op):
     q, k, v, bias, key_bias, o, o_lo, lse = ctx.saved_tensors
-    dq, dk, dv, dbias = backward(do, q, k, v, bias, key_bias, o, o_lo, lse, ctx.sigmoid, ctx.scale, ctx.ds_mode,
+    dq, dk, dv, dbias = backward(do, q, k, v, bias, key_bias, o, o_lo, lse, ctx.sigmoid, ctx.scale, ctx.split_ds,
                                  ctx.separate_dq)
     return dq, dk, dv, dbias, None, None, None, None, None, None, None
 
@@ -535,9 +503,9 @@ class _EagerTriangleAttention(torch.autograd.Function):
     N <= 256, where the kernels take ~0.1 ms. Under torch.compile the custom ops are used, opaque to the compiler."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, ds_mode, separate_dq):
+    def forward(ctx, q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq):
         output = _forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, not separate_dq)
-        _setup_context(ctx, (q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, ds_mode, separate_dq),
+        _setup_context(ctx, (q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq),
                        output)
         return output
 
@@ -598,7 +566,7 @@ def triangle_attention(
         os.environ.get("MINI_OF3_SEPARATE_DQ", "1") != "0"   # the backward's kernels are chosen here, at the forward
     # p's rounding in the forward reaches the gradients only through the fused backward's delta = rowsum(dO * o)
     split_p = _use_split(config, q.dtype, "p", residuals and not sigmoid and not separate_dq)
-    ds_mode = _ds_mode(config, q.dtype)
+    split_ds = _use_split(config, q.dtype, "ds")
     key_bias = _key_bias(mask, beta, scale, (B, I, J))      # once, for the forward and its backward
-    o, _, _ = forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, ds_mode, separate_dq)
+    o, _, _ = forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq)
     return o
