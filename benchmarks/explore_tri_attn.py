@@ -75,8 +75,10 @@ def main():
         torch.cuda.synchronize()
         return
     fast = {**base.__dict__, "fast_exp": True}
-    variants = {   # v10c: forward 64x64 1 row per program, p unsplit; dQ kernel 64x32, 2 rows per program
+    variants = {   # v12: the caller's bool mask in the kernels; forward 64x64 1 row per program, p unsplit; dQ
+        # kernel 64x32, 2 rows per program
         "default": (LaunchConfig(**fast), {}),
+        "float32 key bias (v10c)": (LaunchConfig(**{**fast, "key_mask": "float"}), {}),
         "no mask": (LaunchConfig(**fast), {"masked": False}),
         "bf16 bias": (LaunchConfig(**fast), {"bias": "bf16"}),
         "split p on (fwd)": (LaunchConfig(**{**fast, "split_p": True}), {}),

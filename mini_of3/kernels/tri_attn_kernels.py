@@ -36,10 +36,14 @@ def _load_tile(ptr, offs_rows, offs_d, stride_row, stride_d, n_rows):
 
 @triton.jit
 def _key_mask(KEY_BIAS, m_base, offs_k, sm_k, J, HAS_KEY_BIAS: tl.constexpr):
-    """The additive key term [BK] of the raw scores: the row's key bias (0 or -inf from the mask, plus beta / scale
-    for sigmoid; float32, built once per call on the host), -inf past the end."""
+    """The additive key term [BK] of the raw scores, -inf past the end: from the caller's bool mask (softmax: 0 or
+    -inf) or from a float32 key bias built on the host (0 or -inf, plus beta / scale for sigmoid)."""
     if HAS_KEY_BIAS:
-        return tl.load(KEY_BIAS + m_base + offs_k * sm_k, mask=offs_k < J, other=float("-inf"))
+        if KEY_BIAS.dtype.element_ty == tl.float32:
+            return tl.load(KEY_BIAS + m_base + offs_k * sm_k, mask=offs_k < J, other=float("-inf"))
+        else:
+            keep = tl.load(KEY_BIAS + m_base + offs_k * sm_k, mask=offs_k < J, other=0)
+            return tl.where(keep != 0, 0.0, float("-inf"))
     else:
         return tl.where(offs_k < J, 0.0, float("-inf"))
 

@@ -124,6 +124,9 @@ class LaunchConfig:
                                       # makes the exact delta: no residual is stored) and a dK/dV kernel without it;
                                       # False: the fused dq/dk/dv kernel with a residual. None: MINI_OF3_SEPARATE_DQ,
                                       # default on. Like the splits, chosen at the forward call for its backward
+    key_mask: str | None = None       # how a softmax call's mask reaches the kernels: "bool", the caller's mask itself
+                                      # (no copy, 1 byte per key) or "float", a float32 key bias built per call (4
+                                      # bytes per key, 2.25 MiB at N = 768). None: MINI_OF3_KEY_MASK, default bool
     fwd_rows: int = 1                 # rows i per program of the forward (1 or 2): two rows share each bias tile
                                       # load (the bias is re-read for every row i)
     dq_block_j: int = 64              # the dQ kernel (separate_dq): forward-shaped, its own tiles
@@ -330,13 +333,15 @@ def _keeps_lo(residuals: bool, sigmoid: bool, fused_backward: bool, dtype: torch
 
 
 def _key_bias(mask: torch.Tensor | None, beta: torch.Tensor | None, scale: float,
-              shape: tuple[int, int, int]) -> torch.Tensor | None:
-    """The per-key term of the raw scores, [B, I, K] float32: -inf at masked keys, plus beta_i / scale for sigmoid;
-    None when there is neither. Built once per call and saved for the backward. One 4-byte load per key in the
-    kernels, which the pipeliner can prefetch (a bool mask, 1 byte per key, cost ~1 ms at N = 768 in the dbias
-    kernel's serial row loop; NOTES.md, session 2)."""
+              shape: tuple[int, int, int], bool_mask: bool) -> torch.Tensor | None:
+    """The per-key term of the raw scores, [B, I, K]: the caller's bool mask itself (softmax, ``bool_mask``: no
+    memory; the kernels turn it into 0 / -inf and load it one key tile ahead, which keeps its 1-byte loads off the
+    critical path), or float32: -inf at masked keys, plus beta_i / scale for sigmoid; None when there is neither.
+    Saved for the backward."""
     if mask is None and beta is None:
         return None
+    if beta is None and bool_mask:
+        return mask
     if mask is None:
         return (beta / scale)[:, :, None].expand(shape)                 # [B, I, K], stride 0 over keys
     key_bias = torch.where(mask, 0.0, float("-inf")).to(torch.float32)  # [B, I, K]
@@ -567,6 +572,10 @@ def triangle_attention(
     # p's rounding in the forward reaches the gradients only through the fused backward's delta = rowsum(dO * o)
     split_p = _use_split(config, q.dtype, "p", residuals and not sigmoid and not separate_dq)
     split_ds = _use_split(config, q.dtype, "ds")
-    key_bias = _key_bias(mask, beta, scale, (B, I, J))      # once, for the forward and its backward
+    key_mask = config.key_mask or os.environ.get("MINI_OF3_KEY_MASK", "bool")
+    if key_mask not in ("bool", "float"):
+        raise ValueError(f"key_mask / MINI_OF3_KEY_MASK must be 'bool' or 'float', got {key_mask!r}")
+    bool_mask = key_mask == "bool"
+    key_bias = _key_bias(mask, beta, scale, (B, I, J), bool_mask)      # once, for the forward and its backward
     o, _, _ = forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq)
     return o

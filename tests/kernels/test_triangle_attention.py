@@ -157,6 +157,20 @@ def test_separate_and_fused_dq_backwards_agree(N, dtype, activation, transposed)
             assert torch.equal(g, f), name
 
 
+@pytest.mark.parametrize("separate_dq", [True, False])
+def test_bool_and_float_key_masks_agree_bitwise(separate_dq):
+    """The caller's bool mask read in the kernels (default, no copy; here a non-contiguous view) and the float32 key
+    bias built from it give the same bits: both add exactly 0 or -inf to the scores."""
+    q, k, v, bias, mask, do = make_inputs(1, 5, 19, 2, 16, torch.bfloat16, masked=True, transposed=False)
+    mask = mask.transpose(1, 2).contiguous().transpose(1, 2)          # [B, I, K] with strides of [B, K, I]
+    runs = []
+    for key_mask in ("bool", "float"):
+        with launch_config(key_mask=key_mask, separate_dq=separate_dq):
+            runs.append(run(triangle_attention, q, k, v, bias, mask, do, backend="triton"))
+    for name, a, b in zip(("o", "dq", "dk", "dv", "dbias"), *runs):
+        assert torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("separate_dq,rows", [(True, 1), (True, 2), (False, 1)])
 def test_small_tiles_cover_many_tile_loops(separate_dq, rows):
     """16 x 16 tiles: many key and query tiles per row, partial last tiles (and in the fused backward several dQ
