@@ -14,7 +14,7 @@ from torch.profiler import ProfilerActivity, profile
 from mini_of3.kernels import triangle_attention
 from mini_of3.kernels.triangle_attention import LaunchConfig, default_config, launch_config
 
-KERNELS = ("_fwd", "_delta", "_bwd_dqkv", "_bwd_dq", "_bwd_dbias", "_sum_chunks")
+KERNELS = ("_fwd", "_delta", "_bwd_dqkv", "_bwd_dq", "_bwd_dkdv", "_bwd_dbias", "_sum_chunks")
 
 
 def inputs(n, d, heads, *, bias="fp32", masked=True):
@@ -81,11 +81,13 @@ def main():
         "float32 key bias (v10c)": (LaunchConfig(**{**fast, "key_mask": "float"}), {}),
         "no mask": (LaunchConfig(**fast), {"masked": False}),
         "bf16 bias": (LaunchConfig(**fast), {"bias": "bf16"}),
-        "split p on (fwd)": (LaunchConfig(**{**fast, "split_p": True}), {}),
         "fwd rows 2": (LaunchConfig(**{**fast, "fwd_rows": 2}), {}),
         "dq rows 1": (LaunchConfig(**{**fast, "dq_rows": 1}), {}),
         "split dS off": (LaunchConfig(**{**fast, "split_ds": False}), {}),
         "fused dqkv, int8 residual": (LaunchConfig(**{**fast, "separate_dq": False}), {}),
+        "dkdv 32x64 w4 s1 rows 2": (LaunchConfig(**{**fast, "bwd_block_j": 32, "bwd_block_k": 64, "bwd_warps": 4,
+                                                    "bwd_rows": 2}), {}),
+        "dkdv 32x64 w4 s1": (LaunchConfig(**{**fast, "bwd_block_j": 32, "bwd_block_k": 64, "bwd_warps": 4}), {}),
         "fwd 64x32 w4 s3": (LaunchConfig(**{**fast, "fwd_block_k": 32, "fwd_stages": 3}), {}),
         "dq 64x64 w4 s2 rows 2": (LaunchConfig(**{**fast, "dq_block_k": 64, "dq_stages": 2}), {}),
     }

@@ -33,7 +33,7 @@ from mini_of3.kernels.triangle_attention import _bwd_configs, _fwd_configs  # no
 TARGET = GPUTarget("cuda", 90, 32)
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 UNIT_STRIDES = ("sq_d", "sk_d", "sv_d", "so_d", "sd_d", "sg_d", "sb_k", "sm_k", "so_k")
-POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", BIAS="*fp32", KEY_BIAS="*fp32", O="*bf16", O_LO="*i8",
+POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", BIAS="*fp32", KEY_BIAS="*i1", O="*bf16", O_LO="*i8",
                 LSE="*fp32", DO="*bf16", DELTA="*fp32", DQ_ACC="*fp32", DQ="*bf16", DK="*bf16", DV="*bf16",
                 DBIAS="*fp32")
 
@@ -74,30 +74,32 @@ def resources(compiled) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kernel", choices=("fwd", "dqkv", "dq", "dbias", "all"), default="all")
+    parser.add_argument("--kernel", choices=("fwd", "dq", "dkdv", "dqkv", "dbias", "all"), default="all")
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--maxnreg", type=int, default=None)
     args = parser.parse_args()
     d = args.head_dim
     common = dict(HAS_KEY_BIAS=True, SIGMOID=False, FAST_EXP=True, DOT_PREC="tf32", BLOCK_D=d)
-    jobs = []
+    jobs = []   # the default backward: the forward (lse, p unsplit), dQ (exact delta), dK/dV, dbias
     if args.kernel in ("fwd", "all"):
         for c in _fwd_configs(d):
-            flags = dict(common, STORE_LSE=True, STORE_LO=True, LO_UNIT=2.0 ** -7, SPLIT_P=True, **c.kwargs)
-            jobs.append(("fwd", K._fwd, flags, c.num_warps, c.num_stages))
-    if args.kernel in ("dqkv", "all"):
-        for c in _bwd_configs(d):
-            for split in (True, False):
-                jobs.append((f"dqkv{'' if split else ' nosplit'}", K._bwd_dqkv, dict(common, SPLIT_DS=split, **c.kwargs),
-                             c.num_warps, c.num_stages))
-            jobs.append(("dkdv (no dQ)", K._bwd_dqkv, dict(common, SPLIT_DS=True, COMPUTE_DQ=False, **c.kwargs),
-                         c.num_warps, c.num_stages))
+            flags = dict(common, STORE_LSE=True, STORE_LO=False, LO_UNIT=0.0, SPLIT_P=False, **c.kwargs)
+            jobs.append((f"fwd r{c.kwargs['ROWS']}", K._fwd, flags, c.num_warps, c.num_stages))
     if args.kernel in ("dq", "all"):
-        for c in _fwd_configs(d):
-            jobs.append(("dq", K._bwd_dq, dict(common, SPLIT_DS=True, **c.kwargs), c.num_warps, c.num_stages))
+        for c in _fwd_configs(d, "dq"):
+            jobs.append((f"dq r{c.kwargs['ROWS']}", K._bwd_dq, dict(common, SPLIT_DS=True, COMPUTE_DELTA=True,
+                                                                  **c.kwargs), c.num_warps, c.num_stages))
+    if args.kernel in ("dkdv", "all"):
+        for c in _bwd_configs(d, "dkdv"):
+            jobs.append((f"dkdv r{c.kwargs['ROWS']}", K._bwd_dkdv, dict(common, SPLIT_DS=True, **c.kwargs),
+                         c.num_warps, c.num_stages))
+    if args.kernel in ("dqkv", "all"):
+        for c in _bwd_configs(d, "dqkv"):
+            jobs.append(("dqkv (fused)", K._bwd_dqkv, dict(common, SPLIT_DS=True, **c.kwargs), c.num_warps,
+                         c.num_stages))
     if args.kernel in ("dbias", "all"):
         block = 64 if d <= 64 else 32
-        for warps, stages in ((4, 1), (4, 2), (8, 2)):
+        for warps, stages in ((4, 1), (4, 2), (4, 3), (8, 2)):
             jobs.append(("dbias", K._bwd_dbias, dict(common, BLOCK_J=block, BLOCK_K=block), warps, stages))
     print(f"{'kernel':14s}{'BJ':>5s}{'BK':>5s}{'warps':>6s}{'stages':>7s}{'regs':>6s}{'CTA/SM':>7s}{'stack':>7s}"
           f"{'LDL':>5s}{'STL':>5s}{'smem':>8s}  mma")

@@ -296,6 +296,32 @@ def _probs_and_dscores(t, scale2, dp, lse, delta, SIGMOID: tl.constexpr, FAST_EX
 
 
 @triton.jit
+def _kv_tile_step(k, v, dk, dv, q_base, do_base, bias_t, key_mask, lse, delta, offs_j, offs_d, sq_j, sq_d, sd_j,
+                  sd_d, J, scale2, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr, FAST_EXP: tl.constexpr,
+                  DOT_PREC: tl.constexpr):
+    """One (key tile, query tile) step of one row i for dK, dV, computed transposed, [key, query] (as
+    FlashAttention-2's backward): p^T and dS^T are the A operands of dV += p^T dO and dK += dS^T q straight from
+    registers. bias_t [BK, BJ] is the bias tile in raw-score units (shared by the rows of a program), key_mask [BK]
+    and lse, delta [BJ] this row's. Returns dk, dv and dS^T (for the fused dQ)."""
+    q = _load_tile(q_base, offs_j, offs_d, sq_j, sq_d, J)                                  # [BJ, D]
+    do = _load_tile(do_base, offs_j, offs_d, sd_j, sd_d, J)                                # [BJ, D]
+    tt = _dot(k, tl.trans(q), DOT_PREC, acc=bias_t + key_mask[:, None])                    # [BK, BJ]
+    dpt = _dot(v, tl.trans(do), DOT_PREC)                                                  # [BK, BJ]
+    pt, dst = _probs_and_dscores(tt, scale2, dpt, lse[None, :], delta[None, :], SIGMOID, FAST_EXP)
+    dv += _dot_split(pt, do, False, DOT_PREC)    # [BK, D]; p's rounding shows only in dv, as its own output's
+    dk += _dot_split(dst, q, SPLIT_DS, DOT_PREC)                                           # [BK, D]
+    return dk, dv, dst
+
+
+@triton.jit
+def _bias_tile_t(bias_base, offs_k, offs_j, sb_j, sb_k, J, scale):
+    """The bias tile transposed, [BK, BJ] float32 in raw-score units (bias / scale); 0 outside."""
+    bias_t = tl.load(bias_base + offs_k[:, None] * sb_k + offs_j[None, :] * sb_j,
+                     mask=(offs_k[:, None] < J) & (offs_j[None, :] < J), other=0.0)
+    return bias_t.to(tl.float32) * (1.0 / scale)
+
+
+@triton.jit
 def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
               sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
               sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
@@ -303,14 +329,12 @@ def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
               B, I, J, H, scale, J_BUCKET,
               HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
               FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
-              BLOCK_D: tl.constexpr, COMPUTE_DQ: tl.constexpr = True):
-    # COMPUTE_DQ False: dK and dV only (dQ then comes from _bwd_dq): the dQ product, its transpose of dS and the
-    # scratch read-modify-write are most of this kernel's register pressure (NOTES.md, session 2).
-    # Tiles are computed transposed, [key, query] (as FlashAttention-2's backward): p^T and dS^T are then the
-    # A operands of dV += p^T dO and dK += dS^T q straight from registers; only dQ += dS k needs a transpose.
-    # A persistent grid: each program owns one float32 dQ scratch row [J, D] and takes the rows (b, i, h) pid,
-    # pid + programs, ... in turn. The scratch (programs x J x D x 4 bytes, 26 MB at N = 768) stays in L2 and is
-    # independent of the problem size; every row is still computed by one program in a fixed order (bitwise).
+              BLOCK_D: tl.constexpr):
+    # The fused backward (separate_dq off): dQ, dK and dV from one recomputation of p; only dQ += dS k needs a
+    # transpose of dS. A persistent grid: each program owns one float32 dQ scratch row [J, D] and takes the rows
+    # (b, i, h) pid, pid + programs, ... in turn. The scratch (programs x J x D x 4 bytes, 26 MB at N = 768) stays in
+    # L2 and is independent of the problem size; every row is still computed by one program in a fixed order
+    # (bitwise).
     for item in range(tl.program_id(0), B * I * H, tl.num_programs(0)):
         h = item % H
         i = (item // H) % I
@@ -348,29 +372,100 @@ def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
             lse_next, delta_next = _row_stats(LSE, DELTA, row_base, offs_jt, offs_jt < J, SIGMOID)
             for j0 in range(0, J, BLOCK_J):
                 offs_j = j0 + offs_jt
-                in_j = offs_j < J
                 lse, delta = lse_next, delta_next
                 lse_next, delta_next = _row_stats(LSE, DELTA, row_base, offs_j + BLOCK_J, offs_j + BLOCK_J < J,
                                                   SIGMOID)
-                q = _load_tile(q_base, offs_j, offs_d, sq_j, sq_d, J)                               # [BJ, D]
-                do = _load_tile(do_base, offs_j, offs_d, sd_j, sd_d, J)                             # [BJ, D]
-                bias_t = tl.load(bias_base + offs_k[:, None] * sb_k + offs_j[None, :] * sb_j,
-                                 mask=(offs_k[:, None] < J) & in_j[None, :], other=0.0).to(tl.float32)   # [BK, BJ]
-                tt = _dot(k, tl.trans(q), DOT_PREC, acc=bias_t * (1.0 / scale) + key_mask[:, None])   # [BK, BJ]
-                dpt = _dot(v, tl.trans(do), DOT_PREC)                                               # [BK, BJ]
-                pt, dst = _probs_and_dscores(tt, scale2, dpt, lse[None, :], delta[None, :], SIGMOID, FAST_EXP)
-                dv += _dot_split(pt, do, False, DOT_PREC)    # [BK, D]; p's rounding shows only in dv, as its own
-                dk += _dot_split(dst, q, SPLIT_DS, DOT_PREC)                                        # [BK, D]
-                if COMPUTE_DQ:
-                    acc_ptrs = acc_base + offs_j[:, None] * BLOCK_D + offs_d[None, :]
-                    dq = tl.load(acc_ptrs, mask=offs_j[:, None] < rows_read, other=0.0)
-                    dq += _dot_split(dst, k, SPLIT_DS, DOT_PREC, TRANS_P=True)                      # [BJ, D]
-                    tl.store(acc_ptrs, dq, mask=offs_j[:, None] < rows_keep)
-                    g_ptrs = g_base + offs_j[:, None] * sg_j + offs_d[None, :] * sg_d
-                    tl.store(DQ + g_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=offs_j[:, None] < rows_out)
+                bias_t = _bias_tile_t(bias_base, offs_k, offs_j, sb_j, sb_k, J, scale)              # [BK, BJ]
+                dk, dv, dst = _kv_tile_step(k, v, dk, dv, q_base, do_base, bias_t, key_mask, lse, delta, offs_j,
+                                            offs_d, sq_j, sq_d, sd_j, sd_d, J, scale2, SIGMOID, SPLIT_DS,
+                                            FAST_EXP, DOT_PREC)
+                acc_ptrs = acc_base + offs_j[:, None] * BLOCK_D + offs_d[None, :]
+                dq = tl.load(acc_ptrs, mask=offs_j[:, None] < rows_read, other=0.0)
+                dq += _dot_split(dst, k, SPLIT_DS, DOT_PREC, TRANS_P=True)                          # [BJ, D]
+                tl.store(acc_ptrs, dq, mask=offs_j[:, None] < rows_keep)
+                g_ptrs = g_base + offs_j[:, None] * sg_j + offs_d[None, :] * sg_d
+                tl.store(DQ + g_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=offs_j[:, None] < rows_out)
             g_ptrs = g_base + offs_k[:, None] * sg_j + offs_d[None, :] * sg_d
             tl.store(DK + g_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=offs_k[:, None] < J)
             tl.store(DV + g_ptrs, dv.to(DV.dtype.element_ty), mask=offs_k[:, None] < J)
+
+
+@triton.jit
+def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
+              sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
+              sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
+              sg_b, sg_i, sg_j, sg_h, sg_d,
+              B, I, J, H, scale, J_BUCKET,
+              HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
+              FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
+              BLOCK_D: tl.constexpr, ROWS: tl.constexpr = 1):
+    """dK and dV (dQ comes from _bwd_dq): a persistent grid whose programs take the items (b, group of ROWS rows i,
+    h) pid, pid + programs, ... in turn; for each key tile a loop over query tiles accumulates dK, dV of each row in
+    registers. ROWS = 2 rows share each bias tile load (a second row past the end, odd I, is row I - 1 again and is
+    not stored)."""
+    n_groups = tl.cdiv(I, ROWS)
+    for item in range(tl.program_id(0), B * n_groups * H, tl.num_programs(0)):
+        h = item % H
+        i0 = ((item // H) % n_groups * ROWS).to(tl.int64)
+        i1 = tl.minimum(i0 + 1, I - 1)
+        b64 = (item // (H * n_groups)).to(tl.int64)
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_jt = tl.arange(0, BLOCK_J)
+        offs_kt = tl.arange(0, BLOCK_K)
+        q_base = Q + b64 * sq_b + h * sq_h                              # + i * sq_i (and so on): row i's
+        do_base = DO + b64 * sd_b + h * sd_h
+        k_base = K + b64 * sk_b + h * sk_h
+        v_base = V + b64 * sv_b + h * sv_h
+        bias_base = BIAS + b64 * sb_b + h * sb_h
+        row_base = (b64 * H + h) * I * J                                # + i * J: into LSE, DELTA [B, H, I, J]
+        g_base = b64 * sg_b + h * sg_h                                  # + i * sg_i: into DK, DV
+        scale2 = _base2(scale)
+
+        mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
+        if ROWS == 2:
+            mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
+        for k0 in range(0, J, BLOCK_K):
+            offs_k = k0 + offs_kt
+            mask0 = mask_next0                                                                      # [BK]
+            mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
+            k_0 = _load_tile(k_base + i0 * sk_i, offs_k, offs_d, sk_j, sk_d, J)                     # [BK, D]
+            v_0 = _load_tile(v_base + i0 * sv_i, offs_k, offs_d, sv_j, sv_d, J)                     # [BK, D]
+            dk0 = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
+            dv0 = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
+            lse_next0, delta_next0 = _row_stats(LSE, DELTA, row_base + i0 * J, offs_jt, offs_jt < J, SIGMOID)
+            if ROWS == 2:
+                mask1 = mask_next1
+                mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
+                k_1 = _load_tile(k_base + i1 * sk_i, offs_k, offs_d, sk_j, sk_d, J)
+                v_1 = _load_tile(v_base + i1 * sv_i, offs_k, offs_d, sv_j, sv_d, J)
+                dk1 = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
+                dv1 = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
+                lse_next1, delta_next1 = _row_stats(LSE, DELTA, row_base + i1 * J, offs_jt, offs_jt < J, SIGMOID)
+            for j0 in range(0, J, BLOCK_J):
+                offs_j = j0 + offs_jt
+                # the row statistics of the next query tile are loaded one step ahead (as the key mask)
+                lse0, delta0 = lse_next0, delta_next0
+                lse_next0, delta_next0 = _row_stats(LSE, DELTA, row_base + i0 * J, offs_j + BLOCK_J,
+                                                    offs_j + BLOCK_J < J, SIGMOID)
+                bias_t = _bias_tile_t(bias_base, offs_k, offs_j, sb_j, sb_k, J, scale)              # [BK, BJ]
+                dk0, dv0, _ = _kv_tile_step(k_0, v_0, dk0, dv0, q_base + i0 * sq_i, do_base + i0 * sd_i, bias_t,
+                                            mask0, lse0, delta0, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d, J, scale2,
+                                            SIGMOID, SPLIT_DS, FAST_EXP, DOT_PREC)
+                if ROWS == 2:
+                    lse1, delta1 = lse_next1, delta_next1
+                    lse_next1, delta_next1 = _row_stats(LSE, DELTA, row_base + i1 * J, offs_j + BLOCK_J,
+                                                        offs_j + BLOCK_J < J, SIGMOID)
+                    dk1, dv1, _ = _kv_tile_step(k_1, v_1, dk1, dv1, q_base + i1 * sq_i, do_base + i1 * sd_i,
+                                                bias_t, mask1, lse1, delta1, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d,
+                                                J, scale2, SIGMOID, SPLIT_DS, FAST_EXP, DOT_PREC)
+            g_ptrs = g_base + offs_k[:, None] * sg_j + offs_d[None, :] * sg_d
+            tl.store(DK + g_ptrs + i0 * sg_i, (dk0 * scale).to(DK.dtype.element_ty), mask=offs_k[:, None] < J)
+            tl.store(DV + g_ptrs + i0 * sg_i, dv0.to(DV.dtype.element_ty), mask=offs_k[:, None] < J)
+            if ROWS == 2:
+                rows_1 = tl.where(i0 + 1 < I, J, 0)                      # 0: row I - 1 again, not stored
+                tl.store(DK + g_ptrs + i1 * sg_i, (dk1 * scale).to(DK.dtype.element_ty),
+                         mask=offs_k[:, None] < rows_1)
+                tl.store(DV + g_ptrs + i1 * sg_i, dv1.to(DV.dtype.element_ty), mask=offs_k[:, None] < rows_1)
 
 
 @triton.jit

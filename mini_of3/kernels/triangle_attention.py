@@ -134,13 +134,15 @@ class LaunchConfig:
     dq_warps: int = 4
     dq_stages: int = 3
     dq_rows: int = 1                  # rows i per dQ program (1 or 2)
+    bwd_rows: int = 1                 # rows i per item of the dK/dV kernel (1 or 2; the fused one takes 1)
 
 
 def default_config(head_dim: int) -> LaunchConfig:
     """A good fixed configuration for each head dim (used under the interpreter and with MINI_OF3_AUTOTUNE=0);
     the D <= 32 one is the fastest fixed set measured on the H200 (NOTES.md)."""
     if _interpreting():
-        return LaunchConfig(32, 32, 4, 1, 32, 32, 4, 1, 32, 4, 1, fwd_rows=2, dq_block_j=32, dq_stages=1, dq_rows=2)
+        return LaunchConfig(32, 32, 4, 1, 32, 32, 4, 1, 32, 4, 1, fwd_rows=2, dq_block_j=32, dq_stages=1, dq_rows=2,
+                            bwd_rows=2)
     if head_dim <= 32:   # two rows per program pay in the dQ kernel, not in the forward (NOTES.md, runs 8, 9)
         return LaunchConfig(64, 64, 4, 2, 64, 128, 8, 1, 64, 4, 3, dq_rows=2)
     if head_dim == 64:
@@ -184,13 +186,19 @@ def _fwd_configs(head_dim: int, kernel: str = "fwd") -> list[triton.Config]:
             for bj, bk, w, s, rows in blocks]
 
 
-def _bwd_configs(head_dim: int) -> list[triton.Config]:
-    blocks = [(64, 64, 4, 1), (64, 64, 4, 2), (32, 64, 4, 1), (32, 64, 4, 2), (64, 128, 8, 1), (32, 32, 4, 2)]
+def _bwd_configs(head_dim: int, kernel: str = "dkdv") -> list[triton.Config]:
+    """Launches of the dK/dV kernel (BLOCK_J, BLOCK_K, warps, stages, rows per item) or ("dqkv") the fused one (one
+    row per item)."""
+    blocks = [(64, 64, 4, 1, 1), (64, 64, 4, 2, 1), (32, 64, 4, 1, 1), (32, 64, 4, 2, 1), (64, 128, 8, 1, 1),
+              (32, 32, 4, 2, 1)]
+    if head_dim <= 32 and kernel == "dkdv":   # two rows fit the registers only with 32-row query tiles (NOTES.md)
+        blocks += [(32, 64, 4, 1, 2)]
     if head_dim == 64:
-        blocks = [(32, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2), (64, 64, 4, 2)]
+        blocks = [(32, 64, 4, 2, 1), (64, 32, 4, 2, 1), (32, 32, 4, 2, 1), (64, 64, 4, 2, 1)]
     elif head_dim == 128:
-        blocks = [(32, 32, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2)]
-    return [triton.Config({"BLOCK_J": bj, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bj, bk, w, s in blocks]
+        blocks = [(32, 32, 4, 2, 1), (32, 64, 4, 2, 1), (64, 32, 4, 2, 1)]
+    return [triton.Config({"BLOCK_J": bj, "BLOCK_K": bk, **({"ROWS": rows} if kernel == "dkdv" else {})},
+                          num_warps=w, num_stages=s) for bj, bk, w, s, rows in blocks]
 
 
 def _dbias_configs() -> list[triton.Config]:
@@ -433,19 +441,26 @@ def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: f
         dq = _new((B, I, J, H, D), q.dtype, device)
     dk = _new((B, I, J, H, D), q.dtype, device)
     dv = _new((B, I, J, H, D), q.dtype, device)
-    # persistent programs for _bwd_dqkv, balanced: each takes the same number of rows (b, i, h) (at most one less)
-    rows = B * I * H
-    per_program = math.ceil(rows / (2 * _num_sms(device)))
-    programs = math.ceil(rows / per_program)
-    # one dQ scratch row per program (none when dQ has its own kernel)
-    dq_acc = dq if separate_dq else torch.empty((programs, J, D), dtype=torch.float32, device=device)
-    dqkv_args = (*common, dq_acc, dq, dk, dv, *strides, *dq.stride(), B, I, J, H, scale)
-    dqkv_flags = dict(flags, SPLIT_DS=split_ds, COMPUTE_DQ=not separate_dq)
-    fixed_dqkv = triton.Config({"BLOCK_J": config.bwd_block_j, "BLOCK_K": config.bwd_block_k},
-                               num_warps=config.bwd_warps, num_stages=config.bwd_stages)
-    _launch("dqkv", K._bwd_dqkv, _bwd_configs(D), fixed_dqkv, (programs,), dqkv_args, _bucket(J), dqkv_flags,
-            ("SPLIT_DS", "COMPUTE_DQ"))
+    tail = (*strides, *dk.stride(), B, I, J, H, scale)
+    fixed = {"BLOCK_J": config.bwd_block_j, "BLOCK_K": config.bwd_block_k}
+    launch = dict(num_warps=config.bwd_warps, num_stages=config.bwd_stages)
+    if separate_dq:
+        _launch("dkdv", K._bwd_dkdv, _bwd_configs(D, "dkdv"), triton.Config({**fixed, "ROWS": config.bwd_rows},
+                **launch), lambda meta: (_persistent_programs(B * triton.cdiv(I, meta["ROWS"]) * H, device),),
+                (*common, dk, dv, *tail), _bucket(J), dict(flags, SPLIT_DS=split_ds), ("SPLIT_DS",))
+    else:
+        programs = _persistent_programs(B * I * H, device)
+        dq_acc = torch.empty((programs, J, D), dtype=torch.float32, device=device)   # a dQ scratch row per program
+        _launch("dqkv", K._bwd_dqkv, _bwd_configs(D, "dqkv"), triton.Config(fixed, **launch), (programs,),
+                (*common, dq_acc, dq, dk, dv, *tail), _bucket(J), dict(flags, SPLIT_DS=split_ds), ("SPLIT_DS",))
     return dq, dk, dv, dbias
+
+
+def _persistent_programs(items: int, device: torch.device) -> int:
+    """Programs of a persistent grid over ``items``, two per SM and balanced: each takes the same number of items
+    (at most one less)."""
+    per_program = math.ceil(items / (2 * _num_sms(device)))
+    return math.ceil(items / per_program)
 
 
 # ---------------------------------------------------------------------------------------------------------------

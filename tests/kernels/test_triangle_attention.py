@@ -177,7 +177,7 @@ def test_small_tiles_cover_many_tile_loops(separate_dq, rows):
     read-modify-writes); one or two rows per forward / dQ program, over an odd number of rows."""
     q, k, v, bias, mask, do = make_inputs(1, 3, 37, 1, 16, torch.float32, masked=True, transposed=True)
     with launch_config(fwd_block_j=16, fwd_block_k=16, dq_block_j=16, dq_block_k=16, bwd_block_j=16, bwd_block_k=16,
-                       dbias_block=16, separate_dq=separate_dq, fwd_rows=rows, dq_rows=rows):
+                       dbias_block=16, separate_dq=separate_dq, fwd_rows=rows, dq_rows=rows, bwd_rows=rows):
         got = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
     ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
     for g, r in zip(got, ref):
