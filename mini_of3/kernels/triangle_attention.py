@@ -14,6 +14,7 @@ output and all four gradients repeat bitwise for a fixed launch configuration.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 from dataclasses import dataclass, replace
@@ -170,6 +171,7 @@ def _autotune_enabled() -> bool:
     return _override is None and not _interpreting() and os.environ.get("MINI_OF3_AUTOTUNE", "1") != "0"
 
 
+@functools.cache
 def _fwd_configs(head_dim: int, kernel: str = "fwd") -> list[triton.Config]:
     """Forward-shaped launches of the forward or ("dq") the dQ kernel: BLOCK_J, BLOCK_K, warps, stages, rows per
     program. Short lists (the autotuner compiles each): at D = 32 the forward was fastest with one row per program,
@@ -186,6 +188,7 @@ def _fwd_configs(head_dim: int, kernel: str = "fwd") -> list[triton.Config]:
             for bj, bk, w, s, rows in blocks]
 
 
+@functools.cache
 def _bwd_configs(head_dim: int, kernel: str = "dkdv") -> list[triton.Config]:
     """Launches of the dK/dV kernel (BLOCK_J, BLOCK_K, warps, stages, rows per item) or ("dqkv") the fused one (one
     row per item)."""
@@ -201,6 +204,7 @@ def _bwd_configs(head_dim: int, kernel: str = "dkdv") -> list[triton.Config]:
                           num_warps=w, num_stages=s) for bj, bk, w, s, rows in blocks]
 
 
+@functools.cache
 def _dbias_configs() -> list[triton.Config]:
     return [triton.Config({}, num_warps=w, num_stages=s) for w, s in ((4, 1), (4, 2), (4, 3), (8, 1), (8, 2))]
 
@@ -592,5 +596,7 @@ def triangle_attention(
         raise ValueError(f"key_mask / MINI_OF3_KEY_MASK must be 'bool' or 'float', got {key_mask!r}")
     bool_mask = key_mask == "bool"
     key_bias = _key_bias(mask, beta, scale, (B, I, J), bool_mask)      # once, for the forward and its backward
+    if not residuals and not torch.compiler.is_compiling():   # inference: no autograd node (~10 us of host time)
+        return _forward(q, k, v, bias, key_bias, sigmoid, scale, False, split_p, False)[0]
     o, _, _ = forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq)
     return o
