@@ -3,7 +3,8 @@
 #   MINI_OF3_COMMIT=<short hash> bash benchmarks/device_kernels.sh [TAG] [NS] [DS] [STEPS]
 # STEPS: any of tests, explore, bench (default all three; a call has 10 minutes, and the bench of both head dims
 # with the anchors' autotuning takes ~6 of them). MINI_OF3_IMPLS: the bench's implementations (default: ours, its
-# bf16-bias and fused-backward variants, and the three anchors); MINI_OF3_TESTS_K: a pytest -k subset of the tests. Carry .whl (the anchors from ../shared/tools/anchor_wheels.sh).
+# bf16-bias and fused-backward variants, and the three anchors); MINI_OF3_TESTS_K: a pytest -k subset of the tests;
+# MINI_OF3_EXPLORE_DS: the head dims of the explore step (default 32). Carry .whl (the anchors from ../shared/tools/anchor_wheels.sh).
 # Writes $OUT/kernels_<TAG>.json/.png and $OUT/explore.log; prints the tables last. MINI_OF3_COMMIT must be given:
 # the device checkout reports a stale HEAD.
 set -u
@@ -16,7 +17,9 @@ if [[ $steps == *tests* ]]; then
     ${MINI_OF3_TESTS_K:+-k "$MINI_OF3_TESTS_K"} 2>&1 | tail -30
 fi
 if [[ $steps == *explore* ]]; then
-  timeout 200 python3 benchmarks/explore_tri_attn.py > "$OUT/explore.log" 2>&1
+  for d in ${MINI_OF3_EXPLORE_DS:-32}; do   # head dims, space-separated, for the explore step
+    timeout 200 python3 benchmarks/explore_tri_attn.py --d "$d" >> "$OUT/explore.log" 2>&1
+  done
 fi
 if [[ $steps == *bench* ]]; then
   timeout 400 python3 -m mini_of3.bench kernels --ns "$ns" --ds "$ds" --impls "$impls" --check-ns 256,768 \
