@@ -4,8 +4,8 @@
 # STEPS: any of tests, explore, bench (default all three; a call has 10 minutes, and the bench of both head dims
 # with the anchors' autotuning takes ~6 of them). MINI_OF3_IMPLS: the bench's implementations (default: ours, its
 # bf16-bias and fused-backward variants, and the three anchors); MINI_OF3_TESTS_K: a pytest -k subset of the tests;
-# MINI_OF3_EXPLORE_DS: the head dims of the explore step (default 32). Carry .whl (the anchors from ../shared/tools/anchor_wheels.sh).
-# Writes $OUT/kernels_<TAG>.json/.png and $OUT/explore.log; prints the tables last. MINI_OF3_COMMIT must be given:
+# MINI_OF3_EXPLORE_DS: the head dims of the explore step (default 32). Carry .whl (the anchors from
+# ../shared/tools/anchor_wheels.sh). Writes $OUT/kernels_<TAG>.json/.png and $OUT/explore.log; prints the tables last. MINI_OF3_COMMIT must be given:
 # the device checkout reports a stale HEAD.
 set -u
 tag=${1:-dev}; ns=${2:-256,384,512,640,768}; ds=${3:-32}; steps=${4:-tests,explore,bench}
