@@ -5,8 +5,8 @@
 # with the anchors' autotuning takes ~6 of them). MINI_OF3_IMPLS: the bench's implementations (default: ours, its
 # bf16-bias and fused-backward variants, and the three anchors); MINI_OF3_TESTS_K: a pytest -k subset of the tests;
 # MINI_OF3_EXPLORE_DS: the head dims of the explore step (default 32). Carry .whl (the anchors from
-# ../shared/tools/anchor_wheels.sh). Writes $OUT/kernels_<TAG>.json/.png and $OUT/explore.log; prints the tables last. MINI_OF3_COMMIT must be given:
-# the device checkout reports a stale HEAD.
+# ../shared/tools/anchor_wheels.sh). Writes $OUT/kernels_<TAG>.json/.png and $OUT/explore.log; prints the tables
+# last. MINI_OF3_COMMIT must be given: the device checkout reports a stale HEAD.
 set -u
 tag=${1:-dev}; ns=${2:-256,384,512,640,768}; ds=${3:-32}; steps=${4:-tests,explore,bench}
 impls=${MINI_OF3_IMPLS:-mini_of3,mini_of3_bf16bias,mini_of3_fused,trifast,cueq,of3_triton}
