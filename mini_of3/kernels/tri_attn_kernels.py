@@ -119,10 +119,12 @@ def _query_tile_program(J, H, I, BLOCK_J: tl.constexpr, ROWS: tl.constexpr = 1):
 
 
 @triton.jit
-def _bias_tile(bias_rows, offs_j, offs_k, sb_k, J, scale):
-    """The bias tile [BJ, BK] in raw-score units (bias / scale), float32; bias_rows: the pointers of its rows. Rows
-    i share it: a program of ROWS rows loads it once for all of them (the bias stream is the forward's largest)."""
-    bias = tl.load(bias_rows + offs_k[None, :] * sb_k, mask=(offs_j[:, None] < J) & (offs_k[None, :] < J),
+def _bias_tile(bias_rows, offs_rows, offs_cols, s_col, J, scale):
+    """A bias tile in raw-score units (bias / scale), float32, 0 outside: [BJ, BK] for the forward-shaped kernels,
+    [BK, BJ] (rows: keys) for the transposed dK/dV tiles; bias_rows: the pointers of its rows, s_col the stride
+    along its columns. Rows i share it: a program of ROWS rows loads it once for all of them (the bias stream is the
+    forward's largest)."""
+    bias = tl.load(bias_rows + offs_cols[None, :] * s_col, mask=(offs_rows[:, None] < J) & (offs_cols[None, :] < J),
                    other=0.0)
     return bias.to(tl.float32) * (1.0 / scale)
 
@@ -314,14 +316,6 @@ def _kv_tile_step(k, v, dk, dv, q_base, do_base, bias_t, key_mask, lse, delta, o
 
 
 @triton.jit
-def _bias_tile_t(bias_base, offs_k, offs_j, sb_j, sb_k, J, scale):
-    """The bias tile transposed, [BK, BJ] float32 in raw-score units (bias / scale); 0 outside."""
-    bias_t = tl.load(bias_base + offs_k[:, None] * sb_k + offs_j[None, :] * sb_j,
-                     mask=(offs_k[:, None] < J) & (offs_j[None, :] < J), other=0.0)
-    return bias_t.to(tl.float32) * (1.0 / scale)
-
-
-@triton.jit
 def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
               sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
               sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
@@ -375,7 +369,7 @@ def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
                 lse, delta = lse_next, delta_next
                 lse_next, delta_next = _row_stats(LSE, DELTA, row_base, offs_j + BLOCK_J, offs_j + BLOCK_J < J,
                                                   SIGMOID)
-                bias_t = _bias_tile_t(bias_base, offs_k, offs_j, sb_j, sb_k, J, scale)              # [BK, BJ]
+                bias_t = _bias_tile(bias_base + offs_k[:, None] * sb_k, offs_k, offs_j, sb_j, J, scale)  # [BK, BJ]
                 dk, dv, dst = _kv_tile_step(k, v, dk, dv, q_base, do_base, bias_t, key_mask, lse, delta, offs_j,
                                             offs_d, sq_j, sq_d, sd_j, sd_d, J, scale2, SIGMOID, SPLIT_DS,
                                             FAST_EXP, DOT_PREC)
@@ -447,7 +441,7 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
                 lse0, delta0 = lse_next0, delta_next0
                 lse_next0, delta_next0 = _row_stats(LSE, DELTA, row_base + i0 * J, offs_j + BLOCK_J,
                                                     offs_j + BLOCK_J < J, SIGMOID)
-                bias_t = _bias_tile_t(bias_base, offs_k, offs_j, sb_j, sb_k, J, scale)              # [BK, BJ]
+                bias_t = _bias_tile(bias_base + offs_k[:, None] * sb_k, offs_k, offs_j, sb_j, J, scale)  # [BK, BJ]
                 dk0, dv0, _ = _kv_tile_step(k_0, v_0, dk0, dv0, q_base + i0 * sq_i, do_base + i0 * sd_i, bias_t,
                                             mask0, lse0, delta0, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d, J, scale2,
                                             SIGMOID, SPLIT_DS, FAST_EXP, DOT_PREC)
