@@ -76,20 +76,24 @@ def main():
         return
     fast = {**base.__dict__, "fast_exp": True}
     variants = {   # v12: the caller's bool mask in the kernels; forward 64x64 1 row per program, p unsplit; dQ
-        # kernel 64x32, 2 rows per program
+        # kernel 64x32, 2 rows per program; dK/dV kernel 64x128 w8; dbias 64x64 w4 s3
         "default": (LaunchConfig(**fast), {}),
         "float32 key bias (v10c)": (LaunchConfig(**{**fast, "key_mask": "float"}), {}),
-        "no mask": (LaunchConfig(**fast), {"masked": False}),
         "bf16 bias": (LaunchConfig(**fast), {"bias": "bf16"}),
-        "fwd rows 2": (LaunchConfig(**{**fast, "fwd_rows": 2}), {}),
-        "dq rows 1": (LaunchConfig(**{**fast, "dq_rows": 1}), {}),
         "split dS off": (LaunchConfig(**{**fast, "split_ds": False}), {}),
         "fused dqkv, int8 residual": (LaunchConfig(**{**fast, "separate_dq": False}), {}),
         "dkdv 32x64 w4 s1 rows 2": (LaunchConfig(**{**fast, "bwd_block_j": 32, "bwd_block_k": 64, "bwd_warps": 4,
                                                     "bwd_rows": 2}), {}),
-        "dkdv 32x64 w4 s1": (LaunchConfig(**{**fast, "bwd_block_j": 32, "bwd_block_k": 64, "bwd_warps": 4}), {}),
-        "fwd 64x32 w4 s3": (LaunchConfig(**{**fast, "fwd_block_k": 32, "fwd_stages": 3}), {}),
-        "dq 64x64 w4 s2 rows 2": (LaunchConfig(**{**fast, "dq_block_k": 64, "dq_stages": 2}), {}),
+        "dkdv 64x64 w4 s1": (LaunchConfig(**{**fast, "bwd_block_k": 64, "bwd_warps": 4}), {}),
+        "fwd 128x64 w8 s2": (LaunchConfig(**{**fast, "fwd_block_j": 128, "fwd_warps": 8}), {}),
+        "fwd 128x32 w4 s3": (LaunchConfig(**{**fast, "fwd_block_j": 128, "fwd_block_k": 32, "fwd_stages": 3}), {}),
+        "fwd 128x64 w4 s3": (LaunchConfig(**{**fast, "fwd_block_j": 128, "fwd_stages": 3}), {}),
+        "dq 128x32 w8 s3 rows 2": (LaunchConfig(**{**fast, "dq_block_j": 128, "dq_warps": 8}), {}),
+        "dbias 64x64 w8 s2": (LaunchConfig(**{**fast, "dbias_warps": 8, "dbias_stages": 2}), {}),
+        "dbias 128x64 w8 s2": (LaunchConfig(**{**fast, "dbias_block": 128, "dbias_block_k": 64, "dbias_warps": 8,
+                                               "dbias_stages": 2}), {}),
+        "dbias 64x128 w8 s2": (LaunchConfig(**{**fast, "dbias_block_k": 128, "dbias_warps": 8,
+                                               "dbias_stages": 2}), {}),
     }
     rows = []
     for name, (config, kw) in list(variants.items())[:3 if args.quick else None]:

@@ -99,8 +99,11 @@ def main() -> None:
                          c.num_stages))
     if args.kernel in ("dbias", "all"):
         block = 64 if d <= 64 else 32
-        for warps, stages in ((4, 1), (4, 2), (4, 3), (8, 2)):
-            jobs.append(("dbias", K._bwd_dbias, dict(common, BLOCK_J=block, BLOCK_K=block), warps, stages))
+        tiles = [(block, block, 4, 1), (block, block, 4, 2), (block, block, 4, 3), (block, block, 8, 2)]
+        if d <= 32:   # wider tiles: fewer q, k, v, dO bytes per score
+            tiles += [(128, 64, 8, 2), (64, 128, 8, 2), (128, 128, 8, 2)]
+        for bj, bk, warps, stages in tiles:
+            jobs.append(("dbias", K._bwd_dbias, dict(common, BLOCK_J=bj, BLOCK_K=bk), warps, stages))
     print(f"{'kernel':14s}{'BJ':>5s}{'BK':>5s}{'warps':>6s}{'stages':>7s}{'regs':>6s}{'CTA/SM':>7s}{'stack':>7s}"
           f"{'LDL':>5s}{'STL':>5s}{'smem':>8s}  mma")
     for name, fn, flags, warps, stages in jobs:

@@ -110,7 +110,7 @@ class LaunchConfig:
     bwd_block_k: int = 64
     bwd_warps: int = 4
     bwd_stages: int = 1
-    dbias_block: int = 64
+    dbias_block: int = 64             # the dbias kernel's query tile (and key tile, unless dbias_block_k is given)
     dbias_warps: int = 4
     dbias_stages: int = 1
     dbias_chunks: int | None = None   # None: as many chunks of rows as it takes to fill the GPU
@@ -136,6 +136,8 @@ class LaunchConfig:
     dq_stages: int = 3
     dq_rows: int = 1                  # rows i per dQ program (1 or 2)
     bwd_rows: int = 1                 # rows i per item of the dK/dV kernel (1 or 2; the fused one takes 1)
+    dbias_block_k: int | None = None  # the dbias kernel's key tile (None: dbias_block): wider tiles read fewer
+                                      # q, k, v, dO bytes per score (the kernel re-reads them for every row i)
 
 
 def default_config(head_dim: int) -> LaunchConfig:
@@ -422,8 +424,9 @@ def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: f
     # dbias = sum over rows i of dS. Rows are split into chunks so that the grid holds at least ~16 programs per SM
     # (whole waves: at N = 768 the 576 tiles alone fill 2.2 waves, a quarter of the last one idle); the chunk
     # partials (B*H*J*K float32 each) are summed afterwards in order.
-    block = config.dbias_block if not _autotune_enabled() else (64 if D <= 64 else 32)
-    tiles = B * H * triton.cdiv(J, block) ** 2
+    block_j = config.dbias_block if not _autotune_enabled() else (64 if D <= 64 else 32)
+    block_k = (config.dbias_block_k or block_j) if not _autotune_enabled() else block_j
+    tiles = B * H * triton.cdiv(J, block_j) * triton.cdiv(J, block_k)
     chunks = config.dbias_chunks if (config.dbias_chunks and not _autotune_enabled()) else \
         max(1, min(I, math.ceil(16 * _num_sms(device) / tiles)))
     rows_per_chunk = math.ceil(I / chunks)
@@ -434,7 +437,7 @@ def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: f
     grid = (tiles * chunks,)
     _launch("dbias", K._bwd_dbias, _dbias_configs(),
             triton.Config({}, num_warps=config.dbias_warps, num_stages=config.dbias_stages), grid, dbias_args,
-            _bucket(J), dict(flags, BLOCK_J=block, BLOCK_K=block))
+            _bucket(J), dict(flags, BLOCK_J=block_j, BLOCK_K=block_k))
     if chunks > 1:
         n = dbias.numel()
         K._sum_chunks[(triton.cdiv(n, 1024),)](part, dbias, chunks, n, BLOCK=1024, num_warps=4)
