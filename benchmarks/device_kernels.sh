@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # One device call for the triangle-attention kernel (issue 3): the GPU tests, where the time goes, and the bench.
 #   MINI_OF3_COMMIT=<short hash> bash benchmarks/device_kernels.sh [TAG] [NS] [DS] [STEPS]
-# STEPS: any of tests, explore, host, bench, ncu, run in that order (default tests,explore,bench; a call has 10
-# minutes, and the bench of both head dims with the anchors' autotuning takes ~6 of them; ncu gets what is left).
-# MINI_OF3_IMPLS: the bench's implementations (default: ours, its bf16-bias and fused-backward variants, and the
-# three anchors); MINI_OF3_TESTS_K: a pytest -k subset of the tests; MINI_OF3_EXPLORE_DS: the head dims of the
-# explore step (default 32). Carry .whl (the anchors from ../shared/tools/anchor_wheels.sh). Writes
-# $OUT/kernels_<TAG>.json/.png, $OUT/explore.log, $OUT/host.log (host_time_gpu.py) and $OUT/ncu.txt (Nsight
-# Compute on the four kernels of one fwd+bwd call at N = 768, D = 32); prints the tables last. MINI_OF3_COMMIT must
-# be given: the device checkout reports a stale HEAD.
+# STEPS: any of tests, explore, host, accuracy, bench, ncu, run in that order (default tests,explore,bench). A
+# call has 10 minutes; the bench of both head dims with the anchors' autotuning takes ~6 of them (its limit:
+# MINI_OF3_BENCH_LIMIT seconds, default 400); ncu gets what is left. MINI_OF3_IMPLS: the bench's implementations
+# (default: ours, its bf16-bias and fused-backward variants, and the three anchors); MINI_OF3_TESTS_K: a pytest -k
+# subset of the tests; MINI_OF3_EXPLORE_DS: the head dims of the explore step (default 32). Carry .whl (the anchors
+# from ../shared/tools/anchor_wheels.sh). Writes $OUT/kernels_<TAG>.json/.png, $OUT/explore.log, $OUT/host.log
+# (host_time_gpu.py), $OUT/accuracy.log (accuracy_gpu.py) and $OUT/ncu.txt (Nsight Compute on the four kernels of
+# one fwd+bwd call at N = 768, D = 32); prints the tables last. MINI_OF3_COMMIT must be given: the device checkout
+# reports a stale HEAD.
 set -u
 tag=${1:-dev}; ns=${2:-256,384,512,640,768}; ds=${3:-32}; steps=${4:-tests,explore,bench}
 impls=${MINI_OF3_IMPLS:-mini_of3,mini_of3_bf16bias,mini_of3_fused,trifast,cueq,of3_triton}
@@ -26,8 +27,12 @@ fi
 if [[ $steps == *host* ]]; then
   timeout 120 python3 benchmarks/host_time_gpu.py > "$OUT/host.log" 2>&1
 fi
+if [[ $steps == *accuracy* ]]; then
+  timeout 150 python3 benchmarks/accuracy_gpu.py > "$OUT/accuracy.log" 2>&1
+fi
 if [[ $steps == *bench* ]]; then
-  timeout 400 python3 -m mini_of3.bench kernels --ns "$ns" --ds "$ds" --impls "$impls" --check-ns 256,768 \
+  timeout ${MINI_OF3_BENCH_LIMIT:-400} python3 -m mini_of3.bench kernels --ns "$ns" --ds "$ds" --impls "$impls" \
+    --check-ns 256,768 \
     --out "$OUT" --tag "$tag" 2>&1 | grep -v '^{' | grep -v 'Warning\|return super\|warn' | tail -80
 fi
 if [[ $steps == *ncu* ]]; then   # the second call's launches (the first compiles); clocks left alone (METHOD.md)
@@ -41,4 +46,5 @@ if [[ $steps == *ncu* ]]; then   # the second call's launches (the first compile
     "$OUT/ncu.txt" | head -40
 fi
 if [[ $steps == *host* ]]; then tail -6 "$OUT/host.log"; fi
+if [[ $steps == *accuracy* ]]; then tail -12 "$OUT/accuracy.log"; fi
 if [[ $steps == *explore* ]]; then grep -A20 "^N=" "$OUT/explore.log"; fi
