@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # One device call for the triangle-attention kernel (issue 3): the GPU tests, where the time goes, and the bench.
 #   MINI_OF3_COMMIT=<short hash> bash benchmarks/device_kernels.sh [TAG] [NS] [DS] [STEPS]
-# STEPS: any of tests, explore, host, accuracy, bench, ncu, run in that order (default tests,explore,bench). A
+# STEPS: any of tests, explore, host, memory, accuracy, bench, ncu, run in that order (default tests,explore,bench). A
 # call has 10 minutes; the bench of both head dims with the anchors' autotuning takes ~6 of them (its limit:
 # MINI_OF3_BENCH_LIMIT seconds, default 400); ncu gets what is left. MINI_OF3_IMPLS: the bench's implementations
 # (default: ours, its bf16-bias and fused-backward variants, and the three anchors); MINI_OF3_TESTS_K: a pytest -k
 # subset of the tests; MINI_OF3_EXPLORE_DS: the head dims of the explore step (default 32). Carry .whl (the anchors
 # from ../shared/tools/anchor_wheels.sh). Writes $OUT/kernels_<TAG>.json/.png, $OUT/explore.log, $OUT/host.log
-# (host_time_gpu.py), $OUT/accuracy.log (accuracy_gpu.py) and $OUT/ncu.txt (Nsight Compute on the four kernels of
-# one fwd+bwd call at N = 768, D = 32); prints the tables last. MINI_OF3_COMMIT must be given: the device checkout
-# reports a stale HEAD.
+# (host_time_gpu.py), $OUT/memory.log (peak_memory_gpu.py), $OUT/accuracy.log (accuracy_gpu.py) and $OUT/ncu.txt
+# (Nsight Compute on the four kernels of one fwd+bwd call at N = 768, D = 32); prints the tables last.
+# MINI_OF3_COMMIT must be given: the device checkout reports a stale HEAD.
 set -u
 tag=${1:-dev}; ns=${2:-256,384,512,640,768}; ds=${3:-32}; steps=${4:-tests,explore,bench}
 impls=${MINI_OF3_IMPLS:-mini_of3,mini_of3_bf16bias,mini_of3_fused,trifast,cueq,of3_triton}
@@ -26,6 +26,12 @@ if [[ $steps == *explore* ]]; then
 fi
 if [[ $steps == *host* ]]; then
   timeout 120 python3 benchmarks/host_time_gpu.py > "$OUT/host.log" 2>&1
+fi
+if [[ $steps == *memory* ]]; then
+  for shape in "768 32" "256 16"; do
+    set -- $shape
+    timeout 100 python3 benchmarks/peak_memory_gpu.py --n $1 --d $2 >> "$OUT/memory.log" 2>&1
+  done
 fi
 if [[ $steps == *accuracy* ]]; then
   timeout 150 python3 benchmarks/accuracy_gpu.py > "$OUT/accuracy.log" 2>&1
@@ -47,4 +53,5 @@ if [[ $steps == *ncu* ]]; then   # the second call's launches (the first compile
 fi
 if [[ $steps == *host* ]]; then tail -6 "$OUT/host.log"; fi
 if [[ $steps == *accuracy* ]]; then tail -12 "$OUT/accuracy.log"; fi
+if [[ $steps == *memory* ]]; then grep -E "peak|^skipped" "$OUT/memory.log"; fi
 if [[ $steps == *explore* ]]; then grep -A20 "^N=" "$OUT/explore.log"; fi
