@@ -5,7 +5,8 @@
 # call has 10 minutes; the bench of both head dims with the anchors' autotuning takes ~6 of them (its limit:
 # MINI_OF3_BENCH_LIMIT seconds, default 400); ncu gets what is left. MINI_OF3_IMPLS: the bench's implementations
 # (default: ours, its bf16-bias and fused-backward variants, and the three anchors); MINI_OF3_TESTS_K: a pytest -k
-# subset of the tests; MINI_OF3_EXPLORE_DS: the head dims of the explore step (default 32). Carry .whl (the anchors
+# subset of the tests; MINI_OF3_EXPLORE_DS: the head dims of the explore step (default 32), MINI_OF3_EXPLORE_ONLY
+# its variants (comma-separated names; default all). Carry .whl (the anchors
 # from ../shared/tools/anchor_wheels.sh). Writes $OUT/kernels_<TAG>.json/.png, $OUT/explore.log, $OUT/host.log
 # (host_time_gpu.py), $OUT/memory.log (peak_memory_gpu.py), $OUT/accuracy.log (accuracy_gpu.py) and $OUT/ncu.txt
 # (Nsight Compute on the four kernels of one fwd+bwd call at N = 768, D = 32); prints the tables last.
@@ -21,7 +22,8 @@ if [[ $steps == *tests* ]]; then
 fi
 if [[ $steps == *explore* ]]; then
   for d in ${MINI_OF3_EXPLORE_DS:-32}; do   # head dims, space-separated, for the explore step
-    timeout 200 python3 benchmarks/explore_tri_attn.py --d "$d" >> "$OUT/explore.log" 2>&1
+    timeout 200 python3 benchmarks/explore_tri_attn.py --d "$d" --only "${MINI_OF3_EXPLORE_ONLY:-}" \
+      >> "$OUT/explore.log" 2>&1
   done
 fi
 if [[ $steps == *host* ]]; then

@@ -65,6 +65,7 @@ def main():
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--ncu", action="store_true", help="two fwd+bwd calls of the default config, for ncu")
     parser.add_argument("--quick", action="store_true", help="only the first three variants")
+    parser.add_argument("--only", default="", help="comma-separated variant names to run (default: all)")
     args = parser.parse_args()
     base = default_config(args.d)
     if args.ncu:
@@ -94,7 +95,12 @@ def main():
                                                "dbias_stages": 2}), {}),
         "dbias 64x128 w8 s2": (LaunchConfig(**{**fast, "dbias_block_k": 128, "dbias_warps": 8,
                                                "dbias_stages": 2}), {}),
+        "dkdv prefetch q, dO": (LaunchConfig(**{**fast, "bwd_prefetch": True}), {}),
+        "dkdv 32x64 prefetch q, dO": (LaunchConfig(**{**fast, "bwd_block_j": 32, "bwd_prefetch": True}), {}),
+        "dkdv 64x64 w4 s2": (LaunchConfig(**{**fast, "bwd_stages": 2}), {}),
     }
+    if args.only:
+        variants = {name: v for name, v in variants.items() if name in args.only.split(",")}
     rows = []
     for name, (config, kw) in list(variants.items())[:3 if args.quick else None]:
         try:

@@ -91,7 +91,7 @@ def main() -> None:
                                                                   **c.kwargs), c.num_warps, c.num_stages))
     if args.kernel in ("dkdv", "all"):
         for c in _bwd_configs(d, "dkdv"):
-            jobs.append((f"dkdv r{c.kwargs['ROWS']}", K._bwd_dkdv, dict(common, SPLIT_DS=True, **c.kwargs),
+            jobs.append((f"dkdv r{c.kwargs['ROWS']}{' pre' if c.kwargs['PREFETCH'] else ''}", K._bwd_dkdv, dict(common, SPLIT_DS=True, **c.kwargs),
                          c.num_warps, c.num_stages))
     if args.kernel in ("dqkv", "all"):
         for c in _bwd_configs(d, "dqkv"):

@@ -298,15 +298,13 @@ def _probs_and_dscores(t, scale2, dp, lse, delta, SIGMOID: tl.constexpr, FAST_EX
 
 
 @triton.jit
-def _kv_tile_step(k, v, dk, dv, q_base, do_base, bias_t, key_mask, lse, delta, offs_j, offs_d, sq_j, sq_d, sd_j,
-                  sd_d, J, scale2, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr, FAST_EXP: tl.constexpr,
-                  DOT_PREC: tl.constexpr):
+def _kv_tile_step(k, v, dk, dv, q, do, bias_t, key_mask, lse, delta, scale2, SIGMOID: tl.constexpr,
+                  SPLIT_DS: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr):
     """One (key tile, query tile) step of one row i for dK, dV, computed transposed, [key, query] (as
     FlashAttention-2's backward): p^T and dS^T are the A operands of dV += p^T dO and dK += dS^T q straight from
-    registers. bias_t [BK, BJ] is the bias tile in raw-score units (shared by the rows of a program), key_mask [BK]
-    and lse, delta [BJ] this row's. Returns dk, dv and dS^T (for the fused dQ)."""
-    q = _load_tile(q_base, offs_j, offs_d, sq_j, sq_d, J)                                  # [BJ, D]
-    do = _load_tile(do_base, offs_j, offs_d, sd_j, sd_d, J)                                # [BJ, D]
+    registers. q, do [BJ, D] are the query tile's; bias_t [BK, BJ] is the bias tile in raw-score units (shared by
+    the rows of a program), key_mask [BK] and lse, delta [BJ] this row's. Returns dk, dv and dS^T (for the fused
+    dQ)."""
     tt = _dot(k, tl.trans(q), DOT_PREC, acc=bias_t + key_mask[:, None])                    # [BK, BJ]
     dpt = _dot(v, tl.trans(do), DOT_PREC)                                                  # [BK, BJ]
     pt, dst = _probs_and_dscores(tt, scale2, dpt, lse[None, :], delta[None, :], SIGMOID, FAST_EXP)
@@ -370,9 +368,10 @@ def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
                 lse_next, delta_next = _row_stats(LSE, DELTA, row_base, offs_j + BLOCK_J, offs_j + BLOCK_J < J,
                                                   SIGMOID)
                 bias_t = _bias_tile(bias_base + offs_k[:, None] * sb_k, offs_k, offs_j, sb_j, J, scale)  # [BK, BJ]
-                dk, dv, dst = _kv_tile_step(k, v, dk, dv, q_base, do_base, bias_t, key_mask, lse, delta, offs_j,
-                                            offs_d, sq_j, sq_d, sd_j, sd_d, J, scale2, SIGMOID, SPLIT_DS,
-                                            FAST_EXP, DOT_PREC)
+                q = _load_tile(q_base, offs_j, offs_d, sq_j, sq_d, J)                              # [BJ, D]
+                do = _load_tile(do_base, offs_j, offs_d, sd_j, sd_d, J)                            # [BJ, D]
+                dk, dv, dst = _kv_tile_step(k, v, dk, dv, q, do, bias_t, key_mask, lse, delta, scale2, SIGMOID,
+                                            SPLIT_DS, FAST_EXP, DOT_PREC)
                 acc_ptrs = acc_base + offs_j[:, None] * BLOCK_D + offs_d[None, :]
                 dq = tl.load(acc_ptrs, mask=offs_j[:, None] < rows_read, other=0.0)
                 dq += _dot_split(dst, k, SPLIT_DS, DOT_PREC, TRANS_P=True)                          # [BJ, D]
@@ -392,11 +391,12 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
               B, I, J, H, scale, J_BUCKET,
               HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
               FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
-              BLOCK_D: tl.constexpr, ROWS: tl.constexpr = 1):
+              BLOCK_D: tl.constexpr, ROWS: tl.constexpr = 1, PREFETCH: tl.constexpr = False):
     """dK and dV (dQ comes from _bwd_dq): a persistent grid whose programs take the items (b, group of ROWS rows i,
     h) pid, pid + programs, ... in turn; for each key tile a loop over query tiles accumulates dK, dV of each row in
     registers. ROWS = 2 rows share each bias tile load (a second row past the end, odd I, is row I - 1 again and is
-    not stored)."""
+    not stored). PREFETCH: the next query tile's q and dO (of the first row) are loaded one step ahead, as the row
+    statistics are (ncu, run 13: a third of the stall cycles wait on global loads at one pipeline stage)."""
     n_groups = tl.cdiv(I, ROWS)
     for item in range(tl.program_id(0), B * n_groups * H, tl.num_programs(0)):
         h = item % H
@@ -427,6 +427,9 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
             dk0 = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
             dv0 = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
             lse_next0, delta_next0 = _row_stats(LSE, DELTA, row_base + i0 * J, offs_jt, offs_jt < J, SIGMOID)
+            if PREFETCH:
+                q_next0 = _load_tile(q_base + i0 * sq_i, offs_jt, offs_d, sq_j, sq_d, J)                # [BJ, D]
+                do_next0 = _load_tile(do_base + i0 * sd_i, offs_jt, offs_d, sd_j, sd_d, J)              # [BJ, D]
             if ROWS == 2:
                 mask1 = mask_next1
                 mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
@@ -442,16 +445,23 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
                 lse_next0, delta_next0 = _row_stats(LSE, DELTA, row_base + i0 * J, offs_j + BLOCK_J,
                                                     offs_j + BLOCK_J < J, SIGMOID)
                 bias_t = _bias_tile(bias_base + offs_k[:, None] * sb_k, offs_k, offs_j, sb_j, J, scale)  # [BK, BJ]
-                dk0, dv0, _ = _kv_tile_step(k_0, v_0, dk0, dv0, q_base + i0 * sq_i, do_base + i0 * sd_i, bias_t,
-                                            mask0, lse0, delta0, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d, J, scale2,
+                if PREFETCH:
+                    q0, do0 = q_next0, do_next0
+                    q_next0 = _load_tile(q_base + i0 * sq_i, offs_j + BLOCK_J, offs_d, sq_j, sq_d, J)
+                    do_next0 = _load_tile(do_base + i0 * sd_i, offs_j + BLOCK_J, offs_d, sd_j, sd_d, J)
+                else:
+                    q0 = _load_tile(q_base + i0 * sq_i, offs_j, offs_d, sq_j, sq_d, J)                  # [BJ, D]
+                    do0 = _load_tile(do_base + i0 * sd_i, offs_j, offs_d, sd_j, sd_d, J)                # [BJ, D]
+                dk0, dv0, _ = _kv_tile_step(k_0, v_0, dk0, dv0, q0, do0, bias_t, mask0, lse0, delta0, scale2,
                                             SIGMOID, SPLIT_DS, FAST_EXP, DOT_PREC)
                 if ROWS == 2:
                     lse1, delta1 = lse_next1, delta_next1
                     lse_next1, delta_next1 = _row_stats(LSE, DELTA, row_base + i1 * J, offs_j + BLOCK_J,
                                                         offs_j + BLOCK_J < J, SIGMOID)
-                    dk1, dv1, _ = _kv_tile_step(k_1, v_1, dk1, dv1, q_base + i1 * sq_i, do_base + i1 * sd_i,
-                                                bias_t, mask1, lse1, delta1, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d,
-                                                J, scale2, SIGMOID, SPLIT_DS, FAST_EXP, DOT_PREC)
+                    q1 = _load_tile(q_base + i1 * sq_i, offs_j, offs_d, sq_j, sq_d, J)
+                    do1 = _load_tile(do_base + i1 * sd_i, offs_j, offs_d, sd_j, sd_d, J)
+                    dk1, dv1, _ = _kv_tile_step(k_1, v_1, dk1, dv1, q1, do1, bias_t, mask1, lse1, delta1, scale2,
+                                                SIGMOID, SPLIT_DS, FAST_EXP, DOT_PREC)
             g_ptrs = g_base + offs_k[:, None] * sg_j + offs_d[None, :] * sg_d
             tl.store(DK + g_ptrs + i0 * sg_i, (dk0 * scale).to(DK.dtype.element_ty), mask=offs_k[:, None] < J)
             tl.store(DV + g_ptrs + i0 * sg_i, dv0.to(DV.dtype.element_ty), mask=offs_k[:, None] < J)

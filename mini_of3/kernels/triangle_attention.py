@@ -136,6 +136,7 @@ class LaunchConfig:
     dq_stages: int = 3
     dq_rows: int = 1                  # rows i per dQ program (1 or 2)
     bwd_rows: int = 1                 # rows i per item of the dK/dV kernel (1 or 2; the fused one takes 1)
+    bwd_prefetch: bool = False        # the dK/dV kernel loads the next query tile's q and dO one step ahead (rows 1)
     dbias_block_k: int | None = None  # the dbias kernel's key tile (None: dbias_block): wider tiles read fewer
                                       # q, k, v, dO bytes per score (the kernel re-reads them for every row i)
 
@@ -205,8 +206,11 @@ def _bwd_configs(head_dim: int, kernel: str = "dkdv") -> list[triton.Config]:
         blocks = [(32, 64, 4, 2, 1), (64, 32, 4, 2, 1), (32, 32, 4, 2, 1), (64, 64, 4, 2, 1)]
     elif head_dim == 128:
         blocks = [(32, 32, 4, 2, 1), (32, 64, 4, 2, 1), (64, 32, 4, 2, 1)]
-    return [triton.Config({"BLOCK_J": bj, "BLOCK_K": bk, **({"ROWS": rows} if kernel == "dkdv" else {})},
-                          num_warps=w, num_stages=s) for bj, bk, w, s, rows in blocks]
+    prefetch = [(bj, bk, w, s, rows) for bj, bk, w, s, rows in blocks if s == 1 and rows == 1] \
+        if kernel == "dkdv" else []       # q, dO one query tile ahead (one stage only: registers)
+    return [triton.Config({"BLOCK_J": bj, "BLOCK_K": bk, **({"ROWS": rows, "PREFETCH": pre} if kernel == "dkdv"
+                                                           else {})}, num_warps=w, num_stages=s)
+            for pre, chosen in ((False, blocks), (True, prefetch)) for bj, bk, w, s, rows in chosen]
 
 
 @functools.cache
@@ -458,8 +462,9 @@ def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: f
     fixed = {"BLOCK_J": config.bwd_block_j, "BLOCK_K": config.bwd_block_k}
     launch = dict(num_warps=config.bwd_warps, num_stages=config.bwd_stages)
     if separate_dq:
-        _launch("dkdv", K._bwd_dkdv, _bwd_configs(D, "dkdv"), triton.Config({**fixed, "ROWS": config.bwd_rows},
-                **launch), lambda meta: (_persistent_programs(B * triton.cdiv(I, meta["ROWS"]) * H, device),),
+        dkdv_fixed = triton.Config({**fixed, "ROWS": config.bwd_rows, "PREFETCH": config.bwd_prefetch}, **launch)
+        _launch("dkdv", K._bwd_dkdv, _bwd_configs(D, "dkdv"), dkdv_fixed,
+                lambda meta: (_persistent_programs(B * triton.cdiv(I, meta["ROWS"]) * H, device),),
                 (*common, dk, dv, *tail), _bucket(J), dict(flags, SPLIT_DS=split_ds), ("SPLIT_DS",))
     else:
         programs = _persistent_programs(B * I * H, device)
