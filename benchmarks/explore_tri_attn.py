@@ -95,8 +95,8 @@ def main():
                                                "dbias_stages": 2}), {}),
         "dbias 64x128 w8 s2": (LaunchConfig(**{**fast, "dbias_block_k": 128, "dbias_warps": 8,
                                                "dbias_stages": 2}), {}),
-        "dkdv prefetch q, dO": (LaunchConfig(**{**fast, "bwd_prefetch": True}), {}),
-        "dkdv 32x64 prefetch q, dO": (LaunchConfig(**{**fast, "bwd_block_j": 32, "bwd_prefetch": True}), {}),
+        "dkdv prefetch q dO": (LaunchConfig(**{**fast, "bwd_prefetch": True}), {}),
+        "dkdv 32x64 prefetch q dO": (LaunchConfig(**{**fast, "bwd_block_j": 32, "bwd_prefetch": True}), {}),
         "dkdv 64x64 w4 s2": (LaunchConfig(**{**fast, "bwd_stages": 2}), {}),
     }
     if args.only:
