@@ -76,8 +76,9 @@ def main():
         torch.cuda.synchronize()
         return
     fast = {**base.__dict__, "fast_exp": True}
-    variants = {   # v12: the caller's bool mask in the kernels; forward 64x64 1 row per program, p unsplit; dQ
-        # kernel 64x32, 2 rows per program; dK/dV kernel 64x128 w8; dbias 64x64 w4 s3
+    variants = {   # v13: the caller's bool mask in the kernels; forward 64x64 (D = 16: 128x64) 1 row per program,
+        # p unsplit; dQ kernel 64x32, 2 rows per program; dK/dV kernel 64x64 w4, q and dO one query tile ahead;
+        # dbias 64x64 w4 s3
         "default": (LaunchConfig(**fast), {}),
         "float32 key bias (v10c)": (LaunchConfig(**{**fast, "key_mask": "float"}), {}),
         "bf16 bias": (LaunchConfig(**fast), {"bias": "bf16"}),
@@ -85,7 +86,6 @@ def main():
         "fused dqkv, int8 residual": (LaunchConfig(**{**fast, "separate_dq": False}), {}),
         "dkdv 32x64 w4 s1 rows 2": (LaunchConfig(**{**fast, "bwd_block_j": 32, "bwd_block_k": 64, "bwd_warps": 4,
                                                     "bwd_rows": 2}), {}),
-        "dkdv 64x64 w4 s1": (LaunchConfig(**{**fast, "bwd_block_k": 64, "bwd_warps": 4}), {}),
         "fwd 128x64 w8 s2": (LaunchConfig(**{**fast, "fwd_block_j": 128, "fwd_warps": 8}), {}),
         "fwd 128x32 w4 s3": (LaunchConfig(**{**fast, "fwd_block_j": 128, "fwd_block_k": 32, "fwd_stages": 3}), {}),
         "fwd 128x64 w4 s3": (LaunchConfig(**{**fast, "fwd_block_j": 128, "fwd_stages": 3}), {}),
@@ -95,9 +95,9 @@ def main():
                                                "dbias_stages": 2}), {}),
         "dbias 64x128 w8 s2": (LaunchConfig(**{**fast, "dbias_block_k": 128, "dbias_warps": 8,
                                                "dbias_stages": 2}), {}),
-        "dkdv prefetch q dO": (LaunchConfig(**{**fast, "bwd_prefetch": True}), {}),
+        "dkdv q dO in place (v12)": (LaunchConfig(**{**fast, "bwd_prefetch": False}), {}),
         "dkdv 32x64 prefetch q dO": (LaunchConfig(**{**fast, "bwd_block_j": 32, "bwd_prefetch": True}), {}),
-        "dkdv 64x64 w4 s2": (LaunchConfig(**{**fast, "bwd_stages": 2}), {}),
+        "dkdv 64x64 w4 s2": (LaunchConfig(**{**fast, "bwd_stages": 2, "bwd_prefetch": False}), {}),
     }
     if args.only:
         variants = {name: v for name, v in variants.items() if name in args.only.split(",")}
