@@ -323,3 +323,19 @@ def test_sweep(N, D, H, dtype, activation, transposed):
               activation=activation)
     for g, r in zip(got, ref):
         assert torch.isfinite(g).all() and rel_err(g, r) < TOLERANCE[dtype]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("D", [16, 32, 64, 128])
+def test_every_autotune_candidate_of_the_dkdv_kernel(D):
+    """The autotuner may pick any candidate on the GPU (tile shapes, rows per item, q/dO prefetch), so each one is
+    checked here against float64 over partial tiles: N = 70 is no multiple of 32, 64 or 128."""
+    from mini_of3.kernels.triangle_attention import _bwd_configs
+    q, k, v, bias, mask, do = make_inputs(1, 3, 70, 1, D, torch.float32, masked=True, transposed=False, seed=D)
+    ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
+    for c in _bwd_configs(D, "dkdv"):
+        with launch_config(bwd_block_j=c.kwargs["BLOCK_J"], bwd_block_k=c.kwargs["BLOCK_K"], bwd_warps=c.num_warps,
+                           bwd_stages=c.num_stages, bwd_rows=c.kwargs["ROWS"], bwd_prefetch=c.kwargs["PREFETCH"]):
+            got = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
+        for name, g, r in zip(("o", "dq", "dk", "dv", "dbias"), got, ref):
+            assert rel_err(g, r) < TOLERANCE[torch.float32], (c, name)
