@@ -95,9 +95,10 @@ def main():
                                                "dbias_stages": 2}), {}),
         "dbias 64x128 w8 s2": (LaunchConfig(**{**fast, "dbias_block_k": 128, "dbias_warps": 8,
                                                "dbias_stages": 2}), {}),
-        "dkdv q dO in place (v12)": (LaunchConfig(**{**fast, "bwd_prefetch": False}), {}),
-        "dkdv 32x64 prefetch q dO": (LaunchConfig(**{**fast, "bwd_block_j": 32, "bwd_prefetch": True}), {}),
-        "dkdv 64x64 w4 s2": (LaunchConfig(**{**fast, "bwd_stages": 2, "bwd_prefetch": False}), {}),
+        "dkdv q dO in place (v12)": (LaunchConfig(**{**fast, "bwd_prefetch": 0}), {}),
+        "dkdv bias ahead too": (LaunchConfig(**{**fast, "bwd_prefetch": 2}), {}),
+        "dkdv 32x64 prefetch q dO": (LaunchConfig(**{**fast, "bwd_block_j": 32, "bwd_prefetch": 1}), {}),
+        "dkdv 64x64 w4 s2": (LaunchConfig(**{**fast, "bwd_stages": 2, "bwd_prefetch": 0}), {}),
     }
     if args.only:
         variants = {name: v for name, v in variants.items() if name in args.only.split(",")}

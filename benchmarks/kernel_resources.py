@@ -91,8 +91,8 @@ def main() -> None:
                                                                   **c.kwargs), c.num_warps, c.num_stages))
     if args.kernel in ("dkdv", "all"):
         for c in _bwd_configs(d, "dkdv"):
-            jobs.append((f"dkdv r{c.kwargs['ROWS']}{' pre' if c.kwargs['PREFETCH'] else ''}", K._bwd_dkdv, dict(common, SPLIT_DS=True, **c.kwargs),
-                         c.num_warps, c.num_stages))
+            name = f"dkdv r{c.kwargs['ROWS']} p{c.kwargs['PREFETCH']}"     # p: loads ahead (0, 1 q/dO, 2 +bias)
+            jobs.append((name, K._bwd_dkdv, dict(common, SPLIT_DS=True, **c.kwargs), c.num_warps, c.num_stages))
     if args.kernel in ("dqkv", "all"):
         for c in _bwd_configs(d, "dqkv"):
             jobs.append(("dqkv (fused)", K._bwd_dqkv, dict(common, SPLIT_DS=True, **c.kwargs), c.num_warps,

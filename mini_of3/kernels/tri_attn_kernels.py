@@ -391,12 +391,13 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
               B, I, J, H, scale, J_BUCKET,
               HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
               FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
-              BLOCK_D: tl.constexpr, ROWS: tl.constexpr = 1, PREFETCH: tl.constexpr = False):
+              BLOCK_D: tl.constexpr, ROWS: tl.constexpr = 1, PREFETCH: tl.constexpr = 0):
     """dK and dV (dQ comes from _bwd_dq): a persistent grid whose programs take the items (b, group of ROWS rows i,
     h) pid, pid + programs, ... in turn; for each key tile a loop over query tiles accumulates dK, dV of each row in
     registers. ROWS = 2 rows share each bias tile load (a second row past the end, odd I, is row I - 1 again and is
-    not stored). PREFETCH: the next query tile's q and dO (of the first row) are loaded one step ahead, as the row
-    statistics are (ncu, run 13: a third of the stall cycles wait on global loads at one pipeline stage)."""
+    not stored). PREFETCH 1: the next query tile's q and dO (of the first row) are loaded one step ahead, as the
+    row statistics are (ncu, run 13: a third of the stall cycles wait on global loads at one pipeline stage); 2:
+    its bias tile too (32 more registers at 64x64: a little spill)."""
     n_groups = tl.cdiv(I, ROWS)
     for item in range(tl.program_id(0), B * n_groups * H, tl.num_programs(0)):
         h = item % H
@@ -427,7 +428,9 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
             dk0 = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
             dv0 = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
             lse_next0, delta_next0 = _row_stats(LSE, DELTA, row_base + i0 * J, offs_jt, offs_jt < J, SIGMOID)
-            if PREFETCH:
+            if PREFETCH == 2:
+                bias_next = _bias_tile(bias_base + offs_k[:, None] * sb_k, offs_k, offs_jt, sb_j, J, scale)
+            if PREFETCH >= 1:
                 q_next0 = _load_tile(q_base + i0 * sq_i, offs_jt, offs_d, sq_j, sq_d, J)                # [BJ, D]
                 do_next0 = _load_tile(do_base + i0 * sd_i, offs_jt, offs_d, sd_j, sd_d, J)              # [BJ, D]
             if ROWS == 2:
@@ -444,8 +447,13 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
                 lse0, delta0 = lse_next0, delta_next0
                 lse_next0, delta_next0 = _row_stats(LSE, DELTA, row_base + i0 * J, offs_j + BLOCK_J,
                                                     offs_j + BLOCK_J < J, SIGMOID)
-                bias_t = _bias_tile(bias_base + offs_k[:, None] * sb_k, offs_k, offs_j, sb_j, J, scale)  # [BK, BJ]
-                if PREFETCH:
+                if PREFETCH == 2:
+                    bias_t = bias_next                                                              # [BK, BJ]
+                    bias_next = _bias_tile(bias_base + offs_k[:, None] * sb_k, offs_k, offs_j + BLOCK_J, sb_j, J,
+                                           scale)
+                else:
+                    bias_t = _bias_tile(bias_base + offs_k[:, None] * sb_k, offs_k, offs_j, sb_j, J, scale)
+                if PREFETCH >= 1:
                     q0, do0 = q_next0, do_next0
                     q_next0 = _load_tile(q_base + i0 * sq_i, offs_j + BLOCK_J, offs_d, sq_j, sq_d, J)
                     do_next0 = _load_tile(do_base + i0 * sd_i, offs_j + BLOCK_J, offs_d, sd_j, sd_d, J)

@@ -136,7 +136,8 @@ class LaunchConfig:
     dq_stages: int = 3
     dq_rows: int = 1                  # rows i per dQ program (1 or 2)
     bwd_rows: int = 1                 # rows i per item of the dK/dV kernel (1 or 2; the fused one takes 1)
-    bwd_prefetch: bool = False        # the dK/dV kernel loads the next query tile's q and dO one step ahead (rows 1)
+    bwd_prefetch: int = 0             # the dK/dV kernel loads the next query tile's q and dO one step ahead (1),
+                                      # and its bias tile too (2)
     dbias_block_k: int | None = None  # the dbias kernel's key tile (None: dbias_block): wider tiles read fewer
                                       # q, k, v, dO bytes per score (the kernel re-reads them for every row i)
 
@@ -148,10 +149,10 @@ def default_config(head_dim: int) -> LaunchConfig:
         return LaunchConfig(32, 32, 4, 1, 32, 32, 4, 1, 32, 4, 1, fwd_rows=2, dq_block_j=32, dq_stages=1, dq_rows=2,
                             bwd_rows=2)
     if head_dim == 16:   # the forward's 128-row query tiles pay at D = 16 only (NOTES.md, run 11)
-        return LaunchConfig(128, 64, 4, 3, 64, 64, 4, 1, 64, 4, 3, dq_rows=2, bwd_prefetch=True)
+        return LaunchConfig(128, 64, 4, 3, 64, 64, 4, 1, 64, 4, 3, dq_rows=2, bwd_prefetch=1)
     if head_dim <= 32:   # two rows per program pay in the dQ kernel, not in the forward (NOTES.md, runs 8, 9);
         # dK/dV 64x64 w4 beat 64x128 w8 once it had a kernel of its own (run 11), q and dO one tile ahead (run 14)
-        return LaunchConfig(64, 64, 4, 2, 64, 64, 4, 1, 64, 4, 3, dq_rows=2, bwd_prefetch=True)
+        return LaunchConfig(64, 64, 4, 2, 64, 64, 4, 1, 64, 4, 3, dq_rows=2, bwd_prefetch=1)
     if head_dim == 64:
         return LaunchConfig(64, 32, 4, 2, 32, 64, 4, 2, 64, 4, 1, dq_stages=2)
     return LaunchConfig(32, 32, 4, 2, 32, 32, 4, 2, 32, 4, 1, dq_block_j=32, dq_stages=2)
@@ -206,11 +207,12 @@ def _bwd_configs(head_dim: int, kernel: str = "dkdv") -> list[triton.Config]:
         blocks = [(32, 64, 4, 2, 1), (64, 32, 4, 2, 1), (32, 32, 4, 2, 1), (64, 64, 4, 2, 1)]
     elif head_dim == 128:
         blocks = [(32, 32, 4, 2, 1), (32, 64, 4, 2, 1), (64, 32, 4, 2, 1)]
-    prefetch = [(bj, bk, w, s, rows) for bj, bk, w, s, rows in blocks if s == 1 and rows == 1] \
-        if kernel == "dkdv" else []       # q, dO one query tile ahead (one stage only: registers)
+    # loads one query tile ahead (one stage only: registers): q and dO (1), and the bias tile (2, 64x64 only)
+    ahead = [(bj, bk, w, s, rows) for bj, bk, w, s, rows in blocks if s == 1 and rows == 1] if kernel == "dkdv" else []
+    levels = ((0, blocks), (1, ahead), (2, [b for b in ahead if b[:2] == (64, 64)]))
     return [triton.Config({"BLOCK_J": bj, "BLOCK_K": bk, **({"ROWS": rows, "PREFETCH": pre} if kernel == "dkdv"
                                                            else {})}, num_warps=w, num_stages=s)
-            for pre, chosen in ((False, blocks), (True, prefetch)) for bj, bk, w, s, rows in chosen]
+            for pre, chosen in levels for bj, bk, w, s, rows in chosen]
 
 
 @functools.cache

@@ -171,12 +171,13 @@ def test_bool_and_float_key_masks_agree_bitwise(separate_dq):
         assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("separate_dq,rows,prefetch", [(True, 1, False), (True, 1, True), (True, 2, False),
-                                                        (True, 2, True), (False, 1, False)])
+@pytest.mark.parametrize("separate_dq,rows,prefetch", [(True, 1, 0), (True, 1, 1), (True, 1, 2), (True, 2, 0),
+                                                        (True, 2, 2), (False, 1, 0)])
 def test_small_tiles_cover_many_tile_loops(separate_dq, rows, prefetch):
     """16 x 16 tiles: many key and query tiles per row, partial last tiles (and in the fused backward several dQ
     read-modify-writes); one or two rows per forward / dQ program, over an odd number of rows; square and 16 x 32
-    dbias tiles; the dK/dV kernel's q, dO loaded in place or one query tile ahead (past the last tile: masked)."""
+    dbias tiles; the dK/dV kernel's q, dO (and bias) loaded in place or one query tile ahead (past the last tile:
+    masked)."""
     q, k, v, bias, mask, do = make_inputs(1, 3, 37, 1, 16, torch.float32, masked=True, transposed=True)
     with launch_config(fwd_block_j=16, fwd_block_k=16, dq_block_j=16, dq_block_k=16, bwd_block_j=16, bwd_block_k=16,
                        dbias_block=16, dbias_block_k=16 * rows, separate_dq=separate_dq, fwd_rows=rows,
