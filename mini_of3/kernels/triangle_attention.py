@@ -197,8 +197,8 @@ def _fwd_configs(head_dim: int, kernel: str = "fwd") -> list[triton.Config]:
 
 @functools.cache
 def _bwd_configs(head_dim: int, kernel: str = "dkdv") -> list[triton.Config]:
-    """Launches of the dK/dV kernel (BLOCK_J, BLOCK_K, warps, stages, rows per item) or ("dqkv") the fused one (one
-    row per item)."""
+    """Launches of the dK/dV kernel (BLOCK_J, BLOCK_K, warps, stages, rows per item, PREFETCH: what it loads one
+    query tile ahead) or ("dqkv") the fused one (one row per item, nothing ahead)."""
     blocks = [(64, 64, 4, 1, 1), (64, 64, 4, 2, 1), (32, 64, 4, 1, 1), (32, 64, 4, 2, 1), (64, 128, 8, 1, 1),
               (32, 32, 4, 2, 1)]
     if head_dim <= 32 and kernel == "dkdv":   # two rows fit the registers only with 32-row query tiles (NOTES.md)
