@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from mini_of3.bench.anchors import load_impls
+from mini_of3.bench.anchors import load_impls_reported
 from mini_of3.bench.common import rel_err
 from mini_of3.bench.kernels import GRAD_NAMES, make_inputs, reference_fp64, run_grads
 
@@ -24,9 +24,7 @@ def main() -> None:
     parser.add_argument("--scales", default="1,4")
     parser.add_argument("--device", default="cuda", help="cpu: a check of this script under TRITON_INTERPRET=1")
     args = parser.parse_args()
-    impls, skipped = load_impls(args.impls.split(","))
-    for name, why in skipped.items():
-        print(f"skipped {name}: {why}")
+    impls = load_impls_reported(args.impls)
     print(f"N={args.n} D={args.d} H={args.heads}: relative error against float64")
     print(f"{'impl':18s}{'scale':>6s}" + "".join(f"{g:>10s}" for g in GRAD_NAMES))
     for scale in (float(s) for s in args.scales.split(",")):

@@ -6,8 +6,8 @@
 # MINI_OF3_BENCH_LIMIT seconds, default 400); ncu gets what is left. MINI_OF3_IMPLS: the bench's implementations
 # (default: ours, its bf16-bias and fused-backward variants, and the three anchors); MINI_OF3_TESTS_K: a pytest -k
 # subset of the tests; MINI_OF3_EXPLORE_DS: the head dims of the explore step (default 32), MINI_OF3_EXPLORE_ONLY
-# its variants (comma-separated names; default all). Carry .whl (the anchors
-# from ../shared/tools/anchor_wheels.sh). Writes $OUT/kernels_<TAG>.json/.png, $OUT/explore.log, $OUT/host.log
+# its variants (comma-separated names; default all). Carry .whl (the anchors from ../shared/tools/anchor_wheels.sh).
+# Writes $OUT/kernels_<TAG>.json/.png, $OUT/explore.log, $OUT/host.log
 # (host_time_gpu.py), $OUT/memory.log (peak_memory_gpu.py), $OUT/accuracy.log (accuracy_gpu.py) and $OUT/ncu.txt
 # (Nsight Compute on the four kernels of one fwd+bwd call at N = 768, D = 32); prints the tables last.
 # MINI_OF3_COMMIT must be given: the device checkout reports a stale HEAD.

@@ -19,7 +19,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from mini_of3.bench.anchors import load_impls
+from mini_of3.bench.anchors import load_impls_reported
 from mini_of3.bench.common import median_ms
 from mini_of3.bench.kernels import prepare
 
@@ -53,9 +53,7 @@ def main() -> None:
     parser.add_argument("--d", type=int, default=32)
     parser.add_argument("--heads", type=int, default=4)
     args = parser.parse_args()
-    impls, skipped = load_impls(args.impls.split(","))
-    for name, why in skipped.items():
-        print(f"skipped {name}: {why}")
+    impls = load_impls_reported(args.impls)
     rows = []
     for impl in impls:
         tiny, small = prepare(impl, 16, args.d, args.heads), prepare(impl, 256, args.d, args.heads)

@@ -10,7 +10,7 @@ import argparse
 
 import torch
 
-from mini_of3.bench.anchors import load_impls
+from mini_of3.bench.anchors import load_impls_reported
 from mini_of3.bench.common import peak_mib
 from mini_of3.bench.kernels import prepare
 
@@ -42,9 +42,7 @@ def main() -> None:
     parser.add_argument("--d", type=int, default=32)
     parser.add_argument("--heads", type=int, default=4)
     args = parser.parse_args()
-    impls, skipped = load_impls(args.impls.split(","))
-    for name, why in skipped.items():
-        print(f"skipped {name}: {why}")
+    impls = load_impls_reported(args.impls)
     for impl in impls:
         p = prepare(impl, args.n, args.d, args.heads)
         p.fwdbwd(0)                                      # compile and autotune outside the record

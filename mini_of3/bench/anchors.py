@@ -142,3 +142,12 @@ def load_impls(names: list[str]) -> tuple[list[Impl], dict[str, str]]:
         except Exception as err:  # an anchor missing or broken on this machine is reported, not fatal
             skipped[name] = f"{type(err).__name__}: {str(err)[:200]}"
     return impls, skipped
+
+
+def load_impls_reported(names: str) -> list[Impl]:
+    """load_impls for a comma-separated list of names, printing each skipped one with its reason (the development
+    scripts under benchmarks/)."""
+    impls, skipped = load_impls(names.split(","))
+    for name, why in skipped.items():
+        print(f"skipped {name}: {why}", flush=True)
+    return impls

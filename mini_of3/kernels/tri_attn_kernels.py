@@ -409,6 +409,7 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
         offs_kt = tl.arange(0, BLOCK_K)
         q_base = Q + b64 * sq_b + h * sq_h                              # + i * sq_i (and so on): row i's
         do_base = DO + b64 * sd_b + h * sd_h
+        q_row0, do_row0 = q_base + i0 * sq_i, do_base + i0 * sd_i      # the first row's q, dO
         k_base = K + b64 * sk_b + h * sk_h
         v_base = V + b64 * sv_b + h * sv_h
         bias_base = BIAS + b64 * sb_b + h * sb_h
@@ -428,11 +429,12 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
             dk0 = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
             dv0 = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
             lse_next0, delta_next0 = _row_stats(LSE, DELTA, row_base + i0 * J, offs_jt, offs_jt < J, SIGMOID)
+            bias_rows = bias_base + offs_k[:, None] * sb_k                  # this key tile's rows of the bias
             if PREFETCH == 2:
-                bias_next = _bias_tile(bias_base + offs_k[:, None] * sb_k, offs_k, offs_jt, sb_j, J, scale)
+                bias_next = _bias_tile(bias_rows, offs_k, offs_jt, sb_j, J, scale)
             if PREFETCH >= 1:
-                q_next0 = _load_tile(q_base + i0 * sq_i, offs_jt, offs_d, sq_j, sq_d, J)                # [BJ, D]
-                do_next0 = _load_tile(do_base + i0 * sd_i, offs_jt, offs_d, sd_j, sd_d, J)              # [BJ, D]
+                q_next0 = _load_tile(q_row0, offs_jt, offs_d, sq_j, sq_d, J)                           # [BJ, D]
+                do_next0 = _load_tile(do_row0, offs_jt, offs_d, sd_j, sd_d, J)                         # [BJ, D]
             if ROWS == 2:
                 mask1 = mask_next1
                 mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
@@ -449,17 +451,16 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
                                                     offs_j + BLOCK_J < J, SIGMOID)
                 if PREFETCH == 2:
                     bias_t = bias_next                                                              # [BK, BJ]
-                    bias_next = _bias_tile(bias_base + offs_k[:, None] * sb_k, offs_k, offs_j + BLOCK_J, sb_j, J,
-                                           scale)
+                    bias_next = _bias_tile(bias_rows, offs_k, offs_j + BLOCK_J, sb_j, J, scale)
                 else:
-                    bias_t = _bias_tile(bias_base + offs_k[:, None] * sb_k, offs_k, offs_j, sb_j, J, scale)
+                    bias_t = _bias_tile(bias_rows, offs_k, offs_j, sb_j, J, scale)
                 if PREFETCH >= 1:
                     q0, do0 = q_next0, do_next0
-                    q_next0 = _load_tile(q_base + i0 * sq_i, offs_j + BLOCK_J, offs_d, sq_j, sq_d, J)
-                    do_next0 = _load_tile(do_base + i0 * sd_i, offs_j + BLOCK_J, offs_d, sd_j, sd_d, J)
+                    q_next0 = _load_tile(q_row0, offs_j + BLOCK_J, offs_d, sq_j, sq_d, J)
+                    do_next0 = _load_tile(do_row0, offs_j + BLOCK_J, offs_d, sd_j, sd_d, J)
                 else:
-                    q0 = _load_tile(q_base + i0 * sq_i, offs_j, offs_d, sq_j, sq_d, J)                  # [BJ, D]
-                    do0 = _load_tile(do_base + i0 * sd_i, offs_j, offs_d, sd_j, sd_d, J)                # [BJ, D]
+                    q0 = _load_tile(q_row0, offs_j, offs_d, sq_j, sq_d, J)                             # [BJ, D]
+                    do0 = _load_tile(do_row0, offs_j, offs_d, sd_j, sd_d, J)                           # [BJ, D]
                 dk0, dv0, _ = _kv_tile_step(k_0, v_0, dk0, dv0, q0, do0, bias_t, mask0, lse0, delta0, scale2,
                                             SIGMOID, SPLIT_DS, FAST_EXP, DOT_PREC)
                 if ROWS == 2:

@@ -435,8 +435,10 @@ def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: f
     # partials (B*H*J*K float32 each) are summed afterwards in order. They are freed before dk and dv are allocated,
     # so partials of at most dk's and dv's bytes leave the call's peak where it is (at N = 256, D = 16 the 33
     # chunks that fill the GPU would take 33 MiB against dk's and dv's 16: run 12 measured 51 MiB of peak there).
-    block_j = config.dbias_block if not _autotune_enabled() else (64 if D <= 64 else 32)
-    block_k = (config.dbias_block_k or block_j) if not _autotune_enabled() else block_j
+    if _autotune_enabled():
+        block_j = block_k = 64 if D <= 64 else 32
+    else:
+        block_j, block_k = config.dbias_block, config.dbias_block_k or config.dbias_block
     tiles = B * H * triton.cdiv(J, block_j) * triton.cdiv(J, block_k)
     max_chunks = max(1, 2 * q.numel() * q.element_size() // (B * H * J * J * 4))
     chunks = config.dbias_chunks if (config.dbias_chunks and not _autotune_enabled()) else \
