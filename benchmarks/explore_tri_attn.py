@@ -76,9 +76,9 @@ def main():
         torch.cuda.synchronize()
         return
     fast = {**base.__dict__, "fast_exp": True}
-    variants = {   # v13: the caller's bool mask in the kernels; forward 64x64 (D = 16: 128x64) 1 row per program,
-        # p unsplit; dQ kernel 64x32, 2 rows per program; dK/dV kernel 64x64 w4, q and dO one query tile ahead;
-        # dbias 64x64 w4 s3
+    variants = {   # v14: the caller's bool mask in the kernels; forward 64x64 (D = 16: 128x64) 1 row per program,
+        # p unsplit; dQ kernel 64x32, 2 rows per program; dK/dV kernel 64x64 w4, q, dO and the bias tile one query
+        # tile ahead; dbias 64x64 w4 s3
         "default": (LaunchConfig(**fast), {}),
         "float32 key bias (v10c)": (LaunchConfig(**{**fast, "key_mask": "float"}), {}),
         "bf16 bias": (LaunchConfig(**fast), {"bias": "bf16"}),
@@ -97,7 +97,7 @@ def main():
         "dbias 64x128 w8 s2": (LaunchConfig(**{**fast, "dbias_block_k": 128, "dbias_warps": 8,
                                                "dbias_stages": 2}), {}),
         "dkdv q dO in place (v12)": (LaunchConfig(**{**fast, "bwd_prefetch": 0}), {}),
-        "dkdv bias ahead too": (LaunchConfig(**{**fast, "bwd_prefetch": 2}), {}),
+        "dkdv q dO ahead (v13)": (LaunchConfig(**{**fast, "bwd_prefetch": 1}), {}),
         "dkdv 32x64 prefetch q dO": (LaunchConfig(**{**fast, "bwd_block_j": 32, "bwd_prefetch": 1}), {}),
         "dkdv 64x64 w4 s2": (LaunchConfig(**{**fast, "bwd_stages": 2, "bwd_prefetch": 0}), {}),
     }

@@ -151,10 +151,11 @@ def default_config(head_dim: int) -> LaunchConfig:
         return LaunchConfig(32, 32, 4, 1, 32, 32, 4, 1, 32, 4, 1, fwd_rows=2, dq_block_j=32, dq_stages=1, dq_rows=2,
                             bwd_rows=2)
     if head_dim == 16:   # the forward's 128-row query tiles pay at D = 16 only (NOTES.md, run 11)
-        return LaunchConfig(128, 64, 4, 3, 64, 64, 4, 1, 64, 4, 3, dq_rows=2, bwd_prefetch=1)
+        return LaunchConfig(128, 64, 4, 3, 64, 64, 4, 1, 64, 4, 3, dq_rows=2, bwd_prefetch=2)
     if head_dim <= 32:   # two rows per program pay in the dQ kernel, not in the forward (NOTES.md, runs 8, 9);
-        # dK/dV 64x64 w4 beat 64x128 w8 once it had a kernel of its own (run 11), q and dO one tile ahead (run 14)
-        return LaunchConfig(64, 64, 4, 2, 64, 64, 4, 1, 64, 4, 3, dq_rows=2, bwd_prefetch=1)
+        # dK/dV 64x64 w4 beat 64x128 w8 once it had a kernel of its own (run 11); q, dO (run 14) and the bias tile
+        # (run 15) one query tile ahead
+        return LaunchConfig(64, 64, 4, 2, 64, 64, 4, 1, 64, 4, 3, dq_rows=2, bwd_prefetch=2)
     if head_dim == 64:
         return LaunchConfig(64, 32, 4, 2, 32, 64, 4, 2, 64, 4, 1, dq_stages=2)
     return LaunchConfig(32, 32, 4, 2, 32, 32, 4, 2, 32, 4, 1, dq_block_j=32, dq_stages=2)
