@@ -17,7 +17,7 @@ from mini_of3.bench.kernels import GRAD_NAMES, make_inputs, reference_fp64, run_
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--impls", default="mini_of3,mini_of3_tf32,mini_of3_nosplit,trifast,cueq,of3_triton")
+    parser.add_argument("--impls", default="mini_of3,mini_of3_nosplit,trifast,cueq,of3_triton")
     parser.add_argument("--n", type=int, default=256)
     parser.add_argument("--d", type=int, default=32)
     parser.add_argument("--heads", type=int, default=4)

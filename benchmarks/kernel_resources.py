@@ -28,7 +28,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from mini_of3.kernels import tri_attn_kernels as K  # noqa: E402
-from mini_of3.kernels.triangle_attention import DS_PRODUCTS, _bwd_configs, _fwd_configs  # noqa: E402
+from mini_of3.kernels.triangle_attention import _bwd_configs, _fwd_configs  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -77,11 +77,8 @@ def main() -> None:
     parser.add_argument("--kernel", choices=("fwd", "dq", "dkdv", "dqkv", "dbias", "all"), default="all")
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--maxnreg", type=int, default=None)
-    parser.add_argument("--ds-product", choices=("round", "split", "tf32"), default="split",
-                        help="how dS is multiplied in the dQ and dK/dV kernels (LaunchConfig.ds_product)")
     args = parser.parse_args()
     d = args.head_dim
-    ds_product = DS_PRODUCTS[args.ds_product]
     common = dict(HAS_KEY_BIAS=True, SIGMOID=False, FAST_EXP=True, DOT_PREC="tf32", BLOCK_D=d)
     jobs = []   # the default backward: the forward (lse, p unsplit), dQ (exact delta), dK/dV, dbias
     if args.kernel in ("fwd", "all"):
@@ -90,15 +87,15 @@ def main() -> None:
             jobs.append((f"fwd r{c.kwargs['ROWS']}", K._fwd, flags, c.num_warps, c.num_stages))
     if args.kernel in ("dq", "all"):
         for c in _fwd_configs(d, "dq"):
-            jobs.append((f"dq r{c.kwargs['ROWS']}", K._bwd_dq, dict(common, DS_PRODUCT=ds_product, COMPUTE_DELTA=True,
+            jobs.append((f"dq r{c.kwargs['ROWS']}", K._bwd_dq, dict(common, SPLIT_DS=True, COMPUTE_DELTA=True,
                                                                   **c.kwargs), c.num_warps, c.num_stages))
     if args.kernel in ("dkdv", "all"):
         for c in _bwd_configs(d, "dkdv"):
             name = f"dkdv r{c.kwargs['ROWS']} p{c.kwargs['PREFETCH']}"     # p: loads ahead (0, 1 q/dO, 2 +bias)
-            jobs.append((name, K._bwd_dkdv, dict(common, DS_PRODUCT=ds_product, **c.kwargs), c.num_warps, c.num_stages))
+            jobs.append((name, K._bwd_dkdv, dict(common, SPLIT_DS=True, **c.kwargs), c.num_warps, c.num_stages))
     if args.kernel in ("dqkv", "all"):
         for c in _bwd_configs(d, "dqkv"):
-            jobs.append(("dqkv (fused)", K._bwd_dqkv, dict(common, DS_PRODUCT=ds_product, **c.kwargs), c.num_warps,
+            jobs.append(("dqkv (fused)", K._bwd_dqkv, dict(common, SPLIT_DS=True, **c.kwargs), c.num_warps,
                          c.num_stages))
     if args.kernel in ("dbias", "all"):
         block = 64 if d <= 64 else 32

@@ -17,9 +17,8 @@ import torch
 from mini_of3.kernels import triangle_attention, triangle_attention_ref
 from mini_of3.kernels.triangle_attention import default_config, launch_config
 
-_PRODUCT_ENV = {"default": {}, "nosplit": {"MINI_OF3_SPLIT_P": "0", "MINI_OF3_DS_PRODUCT": "round"},
-                "tf32": {"MINI_OF3_DS_PRODUCT": "tf32"}}
-_CHOICE_ENV = (*_PRODUCT_ENV["nosplit"], "MINI_OF3_SEPARATE_DQ")
+_SPLIT_ENV = ("MINI_OF3_SPLIT_P", "MINI_OF3_SPLIT_DS")
+_CHOICE_ENV = (*_SPLIT_ENV, "MINI_OF3_SEPARATE_DQ")
 # canonical [B, I, J, H, D] -> native, and the permutation back
 _TO_BHIJD, _FROM_BHIJD = (0, 3, 1, 2, 4), (0, 2, 3, 1, 4)
 _TO_BIHJD, _FROM_BIHJD = (0, 1, 3, 2, 4), (0, 1, 3, 2, 4)
@@ -38,23 +37,22 @@ def _same(t: torch.Tensor, kind: str) -> torch.Tensor:
     return t
 
 
-def _mini_of3(name: str, bias_fp32: bool = True, fixed: bool = False, products: str = "default",
+def _mini_of3(name: str, bias_fp32: bool = True, fixed: bool = False, split: bool = True,
               separate_dq: bool = True) -> Impl:
-    """Ours, autotuned (or the fixed default configuration), with a float32 or bf16 bias; the products of p and dS
-    as by default (p split only when the fused backward follows, dS split), "nosplit" (both rounded to bf16) or
-    "tf32" (dS in tf32; the speed/accuracy trade-offs, NOTES.md); dQ in its own kernel (the default) or fused with
-    dK, dV."""
-    choices = _PRODUCT_ENV[products]
-
+    """Ours, autotuned (or the fixed default configuration), with a float32 or bf16 bias, with or without the hi+lo
+    split of p and dS (the speed/accuracy trade-off, NOTES.md), with dQ in its own kernel (the default) or fused with dK, dV."""
     def native(q, k, v, bias, mask):
         return q, k, v, bias if bias_fp32 else bias.to(q.dtype), mask
 
     def call(q, k, v, bias, mask):
-        # the choices are taken at the forward call and kept for its backward
+        # the choices are taken at the forward call and kept for its backward; with split, the defaults (p split
+        # only when a backward follows, dS always)
         previous = {key: os.environ.get(key) for key in _CHOICE_ENV}
-        for key in _PRODUCT_ENV["nosplit"]:
-            os.environ.pop(key, None)
-        os.environ.update(choices)
+        for key in _SPLIT_ENV:
+            if split:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = "0"
         os.environ["MINI_OF3_SEPARATE_DQ"] = "1" if separate_dq else "0"
         try:
             if fixed:
@@ -126,8 +124,7 @@ FACTORIES: dict[str, Callable[[], Impl]] = {
     "mini_of3": lambda: _mini_of3("mini_of3"),
     "mini_of3_bf16bias": lambda: _mini_of3("mini_of3_bf16bias", bias_fp32=False),
     "mini_of3_fixed": lambda: _mini_of3("mini_of3_fixed", fixed=True),
-    "mini_of3_nosplit": lambda: _mini_of3("mini_of3_nosplit", products="nosplit"),
-    "mini_of3_tf32": lambda: _mini_of3("mini_of3_tf32", products="tf32"),
+    "mini_of3_nosplit": lambda: _mini_of3("mini_of3_nosplit", split=False),
     "mini_of3_fused": lambda: _mini_of3("mini_of3_fused", separate_dq=False),
     "trifast": _trifast,
     "cueq": _cueq,

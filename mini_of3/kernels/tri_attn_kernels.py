@@ -86,27 +86,16 @@ def _dot(a, b, DOT_PREC: tl.constexpr, acc=None):
 
 
 @triton.jit
-def _dot_split(p, x, MODE: tl.constexpr, DOT_PREC: tl.constexpr, TRANS_P: tl.constexpr = False):
-    """p @ x (or p^T @ x) accumulated in float32, for p in float32 and x 16-bit. MODE says how p meets the tensor
-    cores: 0 (PRODUCT_ROUND) rounds p to x's dtype; 1 (PRODUCT_SPLIT) adds the product of the rounding residual
-    (p = hi + lo), which removes that rounding's error at the cost of one more MMA; 2 (PRODUCT_TF32) multiplies p as
-    it is in tf32 (10 mantissa bits, 8x finer than bf16; rounded to nearest) with x widened exactly: one MMA at half
-    rate, no split."""
-    if MODE == 2:
-        if TRANS_P:
-            p = tl.trans(p)
-        if DOT_PREC == "upcast":   # the interpreter: float32 products, as for the other modes
-            return _dot(p, x.to(tl.float32), DOT_PREC)
-        # round to nearest first: the tensor cores would truncate to tf32, a bias of half an ulp toward zero
-        p = tl.inline_asm_elementwise("cvt.rna.tf32.f32 $0, $1;", "=r,f", [p], dtype=tl.uint32, is_pure=True,
-                                      pack=1).to(tl.float32, bitcast=True)
-        return _dot(p, x.to(tl.float32), "tf32")
+def _dot_split(p, x, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, TRANS_P: tl.constexpr = False):
+    """p @ x (or p^T @ x) with p (float32) rounded to x's dtype for the tensor cores; SPLIT adds the product of the
+    rounding residual (p = hi + lo), which removes that rounding's error at the cost of one more MMA. (tf32 for p
+    instead, rounded to nearest: as accurate as the split and 0.5 ms slower per kernel at N = 768; NOTES.md, run 15.)"""
     p_hi = p.to(x.dtype)
     if TRANS_P:
         out = _dot(tl.trans(p_hi), x, DOT_PREC)
     else:
         out = _dot(p_hi, x, DOT_PREC)
-    if MODE == 1:
+    if SPLIT:
         p_lo = (p - p_hi.to(tl.float32)).to(x.dtype)
         if TRANS_P:
             out += _dot(tl.trans(p_lo), x, DOT_PREC)
@@ -311,7 +300,7 @@ def _probs_and_dscores(t, scale2, dp, lse, delta, SIGMOID: tl.constexpr, FAST_EX
 
 @triton.jit
 def _kv_tile_step(k, v, dk, dv, q, do, bias_t, key_mask, lse, delta, scale2, SIGMOID: tl.constexpr,
-                  DS_PRODUCT: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr):
+                  SPLIT_DS: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr):
     """One (key tile, query tile) step of one row i for dK, dV, computed transposed, [key, query] (as
     FlashAttention-2's backward): p^T and dS^T are the A operands of dV += p^T dO and dK += dS^T q straight from
     registers. q, do [BJ, D] are the query tile's; bias_t [BK, BJ] is the bias tile in raw-score units (shared by
@@ -321,7 +310,7 @@ def _kv_tile_step(k, v, dk, dv, q, do, bias_t, key_mask, lse, delta, scale2, SIG
     dpt = _dot(v, tl.trans(do), DOT_PREC)                                                  # [BK, BJ]
     pt, dst = _probs_and_dscores(tt, scale2, dpt, lse[None, :], delta[None, :], SIGMOID, FAST_EXP)
     dv += _dot_split(pt, do, False, DOT_PREC)    # [BK, D]; p's rounding shows only in dv, as its own output's
-    dk += _dot_split(dst, q, DS_PRODUCT, DOT_PREC)                                         # [BK, D]
+    dk += _dot_split(dst, q, SPLIT_DS, DOT_PREC)                                           # [BK, D]
     return dk, dv, dst
 
 
@@ -331,7 +320,7 @@ def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
               sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
               sg_b, sg_i, sg_j, sg_h, sg_d,
               B, I, J, H, scale, J_BUCKET,
-              HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, DS_PRODUCT: tl.constexpr,
+              HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
               FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
               BLOCK_D: tl.constexpr):
     # The fused backward (separate_dq off): dQ, dK and dV from one recomputation of p; only dQ += dS k needs a
@@ -383,10 +372,10 @@ def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
                 q = _load_tile(q_base, offs_j, offs_d, sq_j, sq_d, J)                              # [BJ, D]
                 do = _load_tile(do_base, offs_j, offs_d, sd_j, sd_d, J)                            # [BJ, D]
                 dk, dv, dst = _kv_tile_step(k, v, dk, dv, q, do, bias_t, key_mask, lse, delta, scale2, SIGMOID,
-                                            DS_PRODUCT, FAST_EXP, DOT_PREC)
+                                            SPLIT_DS, FAST_EXP, DOT_PREC)
                 acc_ptrs = acc_base + offs_j[:, None] * BLOCK_D + offs_d[None, :]
                 dq = tl.load(acc_ptrs, mask=offs_j[:, None] < rows_read, other=0.0)
-                dq += _dot_split(dst, k, DS_PRODUCT, DOT_PREC, TRANS_P=True)                        # [BJ, D]
+                dq += _dot_split(dst, k, SPLIT_DS, DOT_PREC, TRANS_P=True)                          # [BJ, D]
                 tl.store(acc_ptrs, dq, mask=offs_j[:, None] < rows_keep)
                 g_ptrs = g_base + offs_j[:, None] * sg_j + offs_d[None, :] * sg_d
                 tl.store(DQ + g_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=offs_j[:, None] < rows_out)
@@ -401,7 +390,7 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
               sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
               sg_b, sg_i, sg_j, sg_h, sg_d,
               B, I, J, H, scale, J_BUCKET,
-              HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, DS_PRODUCT: tl.constexpr,
+              HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
               FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
               BLOCK_D: tl.constexpr, ROWS: tl.constexpr = 1, PREFETCH: tl.constexpr = 0):
     """dK and dV (dQ comes from _bwd_dq): a persistent grid whose programs take the items (b, group of ROWS rows i,
@@ -474,7 +463,7 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
                     q0 = _load_tile(q_row0, offs_j, offs_d, sq_j, sq_d, J)                             # [BJ, D]
                     do0 = _load_tile(do_row0, offs_j, offs_d, sd_j, sd_d, J)                           # [BJ, D]
                 dk0, dv0, _ = _kv_tile_step(k_0, v_0, dk0, dv0, q0, do0, bias_t, mask0, lse0, delta0, scale2,
-                                            SIGMOID, DS_PRODUCT, FAST_EXP, DOT_PREC)
+                                            SIGMOID, SPLIT_DS, FAST_EXP, DOT_PREC)
                 if ROWS == 2:
                     lse1, delta1 = lse_next1, delta_next1
                     lse_next1, delta_next1 = _row_stats(LSE, DELTA, row_base + i1 * J, offs_j + BLOCK_J,
@@ -482,7 +471,7 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
                     q1 = _load_tile(q_base + i1 * sq_i, offs_j, offs_d, sq_j, sq_d, J)
                     do1 = _load_tile(do_base + i1 * sd_i, offs_j, offs_d, sd_j, sd_d, J)
                     dk1, dv1, _ = _kv_tile_step(k_1, v_1, dk1, dv1, q1, do1, bias_t, mask1, lse1, delta1, scale2,
-                                                SIGMOID, DS_PRODUCT, FAST_EXP, DOT_PREC)
+                                                SIGMOID, SPLIT_DS, FAST_EXP, DOT_PREC)
             g_ptrs = g_base + offs_k[:, None] * sg_j + offs_d[None, :] * sg_d
             tl.store(DK + g_ptrs + i0 * sg_i, (dk0 * scale).to(DK.dtype.element_ty), mask=offs_k[:, None] < J)
             tl.store(DV + g_ptrs + i0 * sg_i, dv0.to(DV.dtype.element_ty), mask=offs_k[:, None] < J)
@@ -495,14 +484,14 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
 
 @triton.jit
 def _dq_row_step(q, do, k_base, v_base, bias_t, key_mask, lse, delta, dq, p_dp, p_sum, pk, offs_k, offs_d,
-                 sk_j, sk_d, sv_j, sv_d, J, scale2, SIGMOID: tl.constexpr, DS_PRODUCT: tl.constexpr,
+                 sk_j, sk_d, sv_j, sv_d, J, scale2, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
                  COMPUTE_DELTA: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr):
     """One key tile of one row of _bwd_dq: dq += dS k, and with COMPUTE_DELTA the sums of p * dP, p and p k."""
     k, v, t = _key_tile_scores(q, k_base, v_base, bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J,
                                DOT_PREC)                                                   # t: [BJ, BK]
     dp = _dot(do, tl.trans(v), DOT_PREC)                                                   # [BJ, BK]
     p, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
-    dq += _dot_split(ds, k, DS_PRODUCT, DOT_PREC)                                          # [BJ, D]
+    dq += _dot_split(ds, k, SPLIT_DS, DOT_PREC)                                            # [BJ, D]
     if COMPUTE_DELTA:
         p_dp += tl.sum(p * dp, 1)
         p_sum += tl.sum(p, 1)
@@ -547,7 +536,7 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ,
             sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
             so_b, so_i, so_j, so_h, so_d, sg_b, sg_i, sg_j, sg_h, sg_d,
             B, I, J, H, scale, J_BUCKET,
-            HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, DS_PRODUCT: tl.constexpr, FAST_EXP: tl.constexpr,
+            HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr, FAST_EXP: tl.constexpr,
             DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
             COMPUTE_DELTA: tl.constexpr = False, ROWS: tl.constexpr = 1):
     """dQ alone, one program per (query tile, head, ROWS rows, batch) as the forward: a loop over key tiles
@@ -596,14 +585,14 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ,
         mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
         dq0, p_dp0, p_sum0, pk0 = _dq_row_step(q0, do0, k_base + i0 * sk_i, v_base + i0 * sv_i, bias_t, mask0,
                                                lse0, delta0, dq0, p_dp0, p_sum0, pk0, offs_k, offs_d, sk_j, sk_d,
-                                               sv_j, sv_d, J, scale2, SIGMOID, DS_PRODUCT, COMPUTE_DELTA, FAST_EXP,
+                                               sv_j, sv_d, J, scale2, SIGMOID, SPLIT_DS, COMPUTE_DELTA, FAST_EXP,
                                                DOT_PREC)
         if ROWS == 2:
             mask1 = mask_next1
             mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
             dq1, p_dp1, p_sum1, pk1 = _dq_row_step(q1, do1, k_base + i1 * sk_i, v_base + i1 * sv_i, bias_t, mask1,
                                                    lse1, delta1, dq1, p_dp1, p_sum1, pk1, offs_k, offs_d, sk_j, sk_d,
-                                                   sv_j, sv_d, J, scale2, SIGMOID, DS_PRODUCT, COMPUTE_DELTA, FAST_EXP,
+                                                   sv_j, sv_d, J, scale2, SIGMOID, SPLIT_DS, COMPUTE_DELTA, FAST_EXP,
                                                    DOT_PREC)
     g_base = b64 * sg_b + h * sg_h
     _dq_row_store(dq0, delta0, p_dp0, p_sum0, pk0, DQ, DELTA, g_base + i0 * sg_i, row_base + i0 * J, offs_j,

@@ -116,9 +116,7 @@ class LaunchConfig:
     dbias_chunks: int | None = None   # None: as many chunks of rows as it takes to fill the GPU
     split_p: bool | None = None       # hi+lo split of p in the forward's p @ v (None: MINI_OF3_SPLIT_P, default: on
                                       # when the forward keeps residuals for a backward, off for inference)
-    ds_product: str | None = None     # how dS meets the tensor cores in dS @ k and dS^T @ q: "split" (hi+lo bf16, two
-                                      # MMAs), "tf32" (dS as it is, k and q widened: one MMA at half rate) or
-                                      # "round" (bf16, one MMA). None: MINI_OF3_DS_PRODUCT, default split
+    split_ds: bool | None = None      # hi+lo split of dS in dS @ k and dS^T @ q (None: MINI_OF3_SPLIT_DS, default on)
     fast_exp: bool | None = None      # ex2.approx.ftz / rcp.approx through inline PTX (None: on for CUDA)
     residual: str | None = None       # (fused backward only) the output's rounding residual kept for the backward:
                                       # "int8" (a quarter of o's bytes) or "input" (o's dtype); None:
@@ -315,32 +313,21 @@ def _use_fast_exp(config: LaunchConfig, device: torch.device) -> bool:
     return os.environ.get("MINI_OF3_FAST_EXP", "1") != "0"
 
 
-def _use_split(config: LaunchConfig, dtype: torch.dtype, training: bool = True) -> bool:
-    """hi + lo split of the float32 p before the forward's 16-bit p @ v; env MINI_OF3_SPLIT_P = 0 or 1 forces it.
-    By default only for the fused backward (``training``): there p's rounding in the forward would reach every
-    gradient through delta = rowsum(dO * o) (dbias error 1e-4 instead of 1e-6); the separate dQ kernel makes delta
-    from p * dP itself. Unsplit, the output error is 2.0e-3 instead of 1.7e-3 (bf16, NOTES.md) and the forward ~15 %
-    faster (35 % with two rows per program)."""
+def _use_split(config: LaunchConfig, dtype: torch.dtype, which: str, training: bool = True) -> bool:
+    """hi + lo split of the float32 p ("p", the forward's p @ v) or dS ("ds", dS @ k and dS^T @ q) before the
+    16-bit matmuls; env MINI_OF3_SPLIT_P / MINI_OF3_SPLIT_DS = 0 or 1 forces one. By default dS is split (dq, dk
+    sum dS with cancellation) and p only for the fused backward (``training``): there p's rounding in the forward
+    would reach every gradient through delta = rowsum(dO * o) (dbias error 1e-4 instead of 1e-6); the separate dQ
+    kernel makes delta from p * dP itself. Unsplit, the output error is 2.0e-3 instead of 1.7e-3 (bf16, NOTES.md)
+    and the forward ~15 % faster (35 % with two rows per program).
+    The backward's p^T @ dO is not split: that rounding shows only in dv, at the size of dv's own output rounding."""
     if dtype == torch.float32:
         return False
-    if config.split_p is not None:
-        return config.split_p
-    env = os.environ.get("MINI_OF3_SPLIT_P", "")
+    chosen = config.split_p if which == "p" else config.split_ds
+    if chosen is not None:
+        return chosen
+    env = os.environ.get(f"MINI_OF3_SPLIT_{which.upper()}", "")
     return env != "0" if env else training
-
-
-DS_PRODUCTS = {"round": 0, "split": 1, "tf32": 2}   # the kernels' DS_PRODUCT (tri_attn_kernels._dot_split)
-
-
-def _ds_product(config: LaunchConfig, dtype: torch.dtype) -> int:
-    """How dS (float32) is multiplied in dS @ k and dS^T @ q (config.ds_product, env MINI_OF3_DS_PRODUCT). dq and dk
-    are sums of dS with cancellation, so dS's bf16 rounding shows in them: "split" (default) removes it with a second
-    MMA, "tf32" keeps 10 mantissa bits. The backward's p^T @ dO is never split: that rounding shows only in dv, at
-    the size of dv's own output rounding. Float32 inputs multiply in float32 whatever the choice."""
-    choice = config.ds_product or os.environ.get("MINI_OF3_DS_PRODUCT", "split")
-    if choice not in DS_PRODUCTS:
-        raise ValueError(f"ds_product / MINI_OF3_DS_PRODUCT must be one of {sorted(DS_PRODUCTS)}, got {choice!r}")
-    return DS_PRODUCTS["round"] if dtype == torch.float32 else DS_PRODUCTS[choice]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -408,14 +395,14 @@ def _forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: bo
             lse if lse.numel() else o,
             *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *o.stride(), B, I, J, H, scale)
     flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, STORE_LSE=store_residuals,
-                 STORE_LO=o_lo.numel() > 0, LO_UNIT=_lo_unit(o_lo, q.dtype), SPLIT_P=int(split_p),
+                 STORE_LO=o_lo.numel() > 0, LO_UNIT=_lo_unit(o_lo, q.dtype), SPLIT_P=split_p,
                  FAST_EXP=_use_fast_exp(config, q.device), DOT_PREC=_dot_precision(q.dtype), BLOCK_D=D)
     _launch("fwd", K._fwd, _fwd_configs(D), _fixed_fwd(config), _query_tile_grid(B, I, J, H), args, _bucket(J),
             flags, ("SPLIT_P",))
     return o, o_lo, lse
 
 
-def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: float, ds_product: int,
+def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: float, split_ds: bool,
               separate_dq: bool):
     B, I, J, H, D = q.shape
     config = _override or default_config(D)
@@ -443,7 +430,7 @@ def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: f
         dq_args = (q, k, v, bias, kb_arg, do, o, lse, delta, dq, *strides, *o.stride(), *dq.stride(),
                    B, I, J, H, scale)
         _launch("dq", K._bwd_dq, _fwd_configs(D, "dq"), _fixed_fwd(config, "dq"), _query_tile_grid(B, I, J, H), dq_args,
-                _bucket(J), dict(flags, DS_PRODUCT=ds_product, COMPUTE_DELTA=not sigmoid), ("DS_PRODUCT",))
+                _bucket(J), dict(flags, SPLIT_DS=split_ds, COMPUTE_DELTA=not sigmoid), ("SPLIT_DS",))
     # dbias = sum over rows i of dS. Rows are split into chunks so that the grid holds at least ~16 programs per SM
     # (whole waves: at N = 768 the 576 tiles alone fill 2.2 waves, a quarter of the last one idle); the chunk
     # partials (B*H*J*K float32 each) are summed afterwards in order. They are freed before dk and dv are allocated,
@@ -483,12 +470,12 @@ def _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid: bool, scale: f
         dkdv_fixed = triton.Config({**fixed, "ROWS": config.bwd_rows, "PREFETCH": config.bwd_prefetch}, **launch)
         _launch("dkdv", K._bwd_dkdv, _bwd_configs(D, "dkdv"), dkdv_fixed,
                 lambda meta: (_persistent_programs(B * triton.cdiv(I, meta["ROWS"]) * H, device),),
-                (*common, dk, dv, *tail), _bucket(J), dict(flags, DS_PRODUCT=ds_product), ("DS_PRODUCT",))
+                (*common, dk, dv, *tail), _bucket(J), dict(flags, SPLIT_DS=split_ds), ("SPLIT_DS",))
     else:
         programs = _persistent_programs(B * I * H, device)
         dq_acc = torch.empty((programs, J, D), dtype=torch.float32, device=device)   # a dQ scratch row per program
         _launch("dqkv", K._bwd_dqkv, _bwd_configs(D, "dqkv"), triton.Config(fixed, **launch), (programs,),
-                (*common, dq_acc, dq, dk, dv, *tail), _bucket(J), dict(flags, DS_PRODUCT=ds_product), ("DS_PRODUCT",))
+                (*common, dq_acc, dq, dk, dv, *tail), _bucket(J), dict(flags, SPLIT_DS=split_ds), ("SPLIT_DS",))
     return dq, dk, dv, dbias
 
 
@@ -505,13 +492,13 @@ def _persistent_programs(items: int, device: torch.device) -> int:
 
 @torch.library.custom_op("mini_of3::triangle_attention_fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, key_bias: torch.Tensor | None,
-            sigmoid: bool, scale: float, residuals: bool, split_p: bool, ds_product: int, separate_dq: bool
+            sigmoid: bool, scale: float, residuals: bool, split_p: bool, split_ds: bool, separate_dq: bool
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, not separate_dq)
 
 
 @_fwd_op.register_fake
-def _fwd_fake(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, ds_product, separate_dq):
+def _fwd_fake(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq):
     B, I, J, H, D = q.shape
     keep = residuals and not sigmoid
     o = q.new_empty((B, I, J, H, D))
@@ -524,28 +511,28 @@ def _fwd_fake(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, ds_pr
 @torch.library.custom_op("mini_of3::triangle_attention_bwd", mutates_args=())
 def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
             key_bias: torch.Tensor | None, o: torch.Tensor, o_lo: torch.Tensor, lse: torch.Tensor, sigmoid: bool,
-            scale: float, ds_product: int, separate_dq: bool
+            scale: float, split_ds: bool, separate_dq: bool
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid, scale, ds_product, separate_dq)
+    return _backward(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid, scale, split_ds, separate_dq)
 
 
 @_bwd_op.register_fake
-def _bwd_fake(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid, scale, ds_product, separate_dq):
+def _bwd_fake(do, q, k, v, bias, key_bias, o, o_lo, lse, sigmoid, scale, split_ds, separate_dq):
     return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), bias.new_empty(bias.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, ds_product, separate_dq = inputs
+    q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq = inputs
     o, o_lo, lse = output
     ctx.save_for_backward(q, k, v, bias, key_bias, o, o_lo, lse)
-    ctx.sigmoid, ctx.scale, ctx.ds_product, ctx.separate_dq = sigmoid, scale, ds_product, separate_dq
+    ctx.sigmoid, ctx.scale, ctx.split_ds, ctx.separate_dq = sigmoid, scale, split_ds, separate_dq
     ctx.mark_non_differentiable(o_lo, lse)
     ctx.set_materialize_grads(False)     # no zero-filled gradients for o_lo and lse (saves one o-sized tensor)
 
 
 def _autograd_backward(ctx, do, _do_lo, _dlse, backward=_bwd_op):
     q, k, v, bias, key_bias, o, o_lo, lse = ctx.saved_tensors
-    dq, dk, dv, dbias = backward(do, q, k, v, bias, key_bias, o, o_lo, lse, ctx.sigmoid, ctx.scale, ctx.ds_product,
+    dq, dk, dv, dbias = backward(do, q, k, v, bias, key_bias, o, o_lo, lse, ctx.sigmoid, ctx.scale, ctx.split_ds,
                                  ctx.separate_dq)
     return dq, dk, dv, dbias, None, None, None, None, None, None, None
 
@@ -559,9 +546,9 @@ class _EagerTriangleAttention(torch.autograd.Function):
     N <= 256, where the kernels take ~0.1 ms. Under torch.compile the custom ops are used, opaque to the compiler."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, ds_product, separate_dq):
+    def forward(ctx, q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq):
         output = _forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, not separate_dq)
-        _setup_context(ctx, (q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, ds_product, separate_dq),
+        _setup_context(ctx, (q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq),
                        output)
         return output
 
@@ -621,8 +608,8 @@ def triangle_attention(
     separate_dq = config.separate_dq if config.separate_dq is not None else \
         os.environ.get("MINI_OF3_SEPARATE_DQ", "1") != "0"   # the backward's kernels are chosen here, at the forward
     # p's rounding in the forward reaches the gradients only through the fused backward's delta = rowsum(dO * o)
-    split_p = _use_split(config, q.dtype, residuals and not sigmoid and not separate_dq)
-    ds_product = _ds_product(config, q.dtype)
+    split_p = _use_split(config, q.dtype, "p", residuals and not sigmoid and not separate_dq)
+    split_ds = _use_split(config, q.dtype, "ds")
     key_mask = config.key_mask or os.environ.get("MINI_OF3_KEY_MASK", "bool")
     if key_mask not in ("bool", "float"):
         raise ValueError(f"key_mask / MINI_OF3_KEY_MASK must be 'bool' or 'float', got {key_mask!r}")
@@ -630,5 +617,5 @@ def triangle_attention(
     key_bias = _key_bias(mask, beta, scale, (B, I, J), bool_mask)      # once, for the forward and its backward
     if not residuals and not torch.compiler.is_compiling():   # inference: no autograd node (~10 us of host time)
         return _forward(q, k, v, bias, key_bias, sigmoid, scale, False, split_p, False)[0]
-    o, _, _ = forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, ds_product, separate_dq)
+    o, _, _ = forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_p, split_ds, separate_dq)
     return o

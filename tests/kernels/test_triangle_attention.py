@@ -157,28 +157,6 @@ def test_separate_and_fused_dq_backwards_agree(N, dtype, activation, transposed)
             assert torch.equal(g, f), name
 
 
-@pytest.mark.parametrize("ds_product,separate_dq", [("round", True), ("tf32", True), ("tf32", False)])
-def test_each_ds_product_matches_the_reference(ds_product, separate_dq):
-    """dS @ k and dS^T @ q with dS rounded to bf16, in tf32, or split hi + lo (the default, every other test), in
-    the dQ and dK/dV kernels and in the fused one. On the GPU the modes also keep their order of accuracy."""
-    q, k, v, bias, mask, do = make_inputs(1, 3, 40, 2, 32, torch.bfloat16, masked=True, transposed=True)
-    ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
-    errors = {}
-    for mode in (ds_product, "split"):
-        with launch_config(ds_product=mode, separate_dq=separate_dq):
-            got = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
-        errors[mode] = [rel_err(g, r) for g, r in zip(got, ref)]
-        assert max(errors[mode]) < TOLERANCE[torch.bfloat16], (mode, errors[mode])
-    if DEVICE == "cuda":   # dq, dk: the rounding of dS shows (the interpreter multiplies in float32 in every mode)
-        assert errors["split"][1] <= errors[ds_product][1] and errors["split"][2] <= errors[ds_product][2], errors
-
-
-def test_unknown_ds_product_is_a_clear_error():
-    q, k, v, bias, mask, do = make_inputs(1, 1, 4, 1, 16, torch.bfloat16, masked=False, transposed=False)
-    with launch_config(ds_product="fp8"), pytest.raises(ValueError, match="ds_product"):
-        run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
-
-
 @pytest.mark.parametrize("separate_dq", [True, False])
 def test_bool_and_float_key_masks_agree_bitwise(separate_dq):
     """The caller's bool mask read in the kernels (default, no copy; here a non-contiguous view) and the float32 key
@@ -304,7 +282,7 @@ def test_opcheck_forward_op(dtype, separate_dq):
     q, k, v, bias, mask, _ = make_inputs(1, 2, 16, 1, 16, dtype, masked=True, transposed=False)
     q, k, v, bias = (t.requires_grad_(True) for t in (q, k, v, bias))
     key_bias = torch.where(mask, 0.0, float("-inf"))
-    torch.library.opcheck(_fwd_op, (q, k, v, bias, key_bias, False, 0.25, True, True, 1, separate_dq),
+    torch.library.opcheck(_fwd_op, (q, k, v, bias, key_bias, False, 0.25, True, True, True, separate_dq),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
