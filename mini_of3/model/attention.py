@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mini_of3.model.projections import pair_bias_heads_first
 from mini_of3.model.transition import AdaLN
 from mini_of3.model.tri_attn_backends import pair_bias_attention
 
@@ -46,7 +47,7 @@ class AttentionPairBias(nn.Module):
 
     def pair_bias(self, z: torch.Tensor) -> torch.Tensor:
         """z: [B, N, N, c_z] -> bias [B, H, N, N] (b_ij = LinearNoBias(LayerNorm(z_ij)), Alg 24 line 6)."""
-        return self.linear_b(self.layer_norm_z(z)).permute(0, 3, 1, 2)
+        return pair_bias_heads_first(self.layer_norm_z(z), self.linear_b.weight)
 
     def forward(self, a: torch.Tensor, z: torch.Tensor, mask: torch.Tensor, s: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None) -> torch.Tensor:

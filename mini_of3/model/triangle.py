@@ -6,6 +6,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from mini_of3.model.projections import pair_bias_heads_first
 from mini_of3.model.tri_attn_backends import tri_attn_backend
 from mini_of3.model.tri_mul_backends import tri_mul_backend
 
@@ -56,8 +57,9 @@ class TriangleAttention(nn.Module):
 
     Starting node: o_ij = sum_k softmax_k(q_ij . k_ik / sqrt(c) + b_jk) v_ik (attention along row i).
     Ending node:   o_ij = sum_k softmax_k(q_ij . k_kj / sqrt(c) + b_ki) v_kj (attention along column j),
-    which is the starting-node attention on the transposed pair: the kernel gets transposed views of q, k, v and
-    the mask (no copies), and the output is transposed back. Gated by g = sigmoid(LinearNoBias(z)).
+    which is the starting-node attention on the transposed pair: the layer norm's output is transposed once (in
+    the copy that casts it for the projections) and the update is returned as a transposed view. Every node hands
+    the kernel q, k, v from one projection and a contiguous bias [B, H, J, K]. Gated by g = sigmoid(LinearNoBias(z)).
 
     Parameters
     ----------
@@ -82,20 +84,35 @@ class TriangleAttention(nn.Module):
         self.linear_o = nn.Linear(n_heads * c_hidden, c_z, bias=False)
         self.attend = tri_attn_backend(backend, activation)
 
+    def attention_inputs(self, z: torch.Tensor, pair_mask: torch.Tensor):
+        """The kernel's inputs in this node's frame (the pair itself, or its transpose for the ending node).
+
+        z: [B, N, N, c_z], pair_mask: [B, N, N] bool -> q, k, v, g [B, I, J, H, D] (views of one projection, row
+        stride 4 H D), bias [B, H, J, K] (contiguous), mask [B, I, K] (contiguous).
+        The layer norm's output is cast to the autocast dtype and, for the ending node, transposed in one copy;
+        then one GEMM makes q, k, v and g, and one more the bias, heads first.
+        """
+        B, N = z.shape[:2]
+        H, D = self.n_heads, self.head_dim
+        x = self.layer_norm(z)                                   # [B, N, N, c_z]
+        if self.node == "ending":                                # Alg 15 = Alg 14 on the transposed pair
+            x, pair_mask = x.transpose(1, 2), pair_mask.transpose(1, 2)
+        x = x.to(_projection_dtype(x), memory_format=torch.contiguous_format)
+        w = torch.cat([self.linear_q.weight, self.linear_k.weight, self.linear_v.weight, self.linear_g.weight])
+        q, k, v, g = torch.nn.functional.linear(x, w).view(B, N, N, 4, H, D).unbind(3)   # [B, I, J, H, D] each
+        bias = pair_bias_heads_first(x, self.linear_b.weight)   # [B, H, J, K]: bias[j, k] = b_jk of this frame
+        return q, k, v, g, bias, pair_mask.contiguous()
+
     def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
         """z: [B, N, N, c_z], pair_mask: [B, N, N] bool (True = both tokens real) -> update [B, N, N, c_z]."""
         B, N = z.shape[:2]
-        H, D = self.n_heads, self.head_dim
-        z = self.layer_norm(z)
-        q = self.linear_q(z).view(B, N, N, H, D)                 # [B, I, J, H, D]
-        k = self.linear_k(z).view(B, N, N, H, D)
-        v = self.linear_v(z).view(B, N, N, H, D)
-        b = self.linear_b(z)                                     # [B, N, N, H]: b[x, y] = bias from z_xy
-        g = torch.sigmoid(self.linear_g(z))                      # [B, N, N, H * D]
-        if self.node == "starting":
-            o = self.attend(q, k, v, b.permute(0, 3, 1, 2), pair_mask)             # bias[j, k] = b_jk
-        else:
-            o = self.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                            b.permute(0, 3, 2, 1), pair_mask.transpose(1, 2))     # bias[i, k] = b_ki
-            o = o.transpose(1, 2)                                                  # back to [B, I, J, H, D]
-        return self.linear_o(g * o.reshape(B, N, N, H * D))
+        q, k, v, g, bias, mask = self.attention_inputs(z, pair_mask)
+        o = self.attend(q, k, v, bias, mask)                     # [B, I, J, H, D], contiguous
+        update = self.linear_o((torch.sigmoid(g) * o).reshape(B, N, N, -1))
+        return update if self.node == "starting" else update.transpose(1, 2)   # back to the pair's frame
+
+
+def _projection_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the projections compute in: autocast's when it is on, else x's."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype

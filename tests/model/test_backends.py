@@ -57,23 +57,24 @@ def test_model_on_mini_of3_kernel_equals_torch_path_forward_and_gradients(monkey
         torch.testing.assert_close(grads_fused[name], g, rtol=1e-3, atol=1e-5, msg=name)
 
 
-def test_ending_node_passes_transposed_views_to_the_kernel(monkeypatch):
+@pytest.mark.parametrize("node", ["starting", "ending"])
+def test_both_nodes_pass_one_projection_and_a_contiguous_bias_to_the_kernel(monkeypatch, node):
     seen = []
 
     def spy(q, k, v, bias, mask=None, **kwargs):
-        seen.append({"q": (q.stride(), q.is_contiguous(), q._base is not None), "k": k.is_contiguous(),
-                     "v": v.is_contiguous(), "mask": mask.is_contiguous(), "bias": bias.is_contiguous()})
+        seen.append({"qkv": [(t.stride(), t.untyped_storage().data_ptr()) for t in (q, k, v)],
+                     "mask": mask.is_contiguous(), "bias": bias.is_contiguous()})
         return triangle_attention_ref(q, k, v, bias, mask, activation=kwargs.get("activation", "softmax"))
 
     monkeypatch.setattr(tab, "triangle_attention", spy)
     B, N, H, D = 1, 6, 2, 16
-    layer = TriangleAttention(c_z=8, n_heads=H, c_hidden=D, node="ending", backend="torch")
-    mask = torch.ones(B, N, N, dtype=torch.bool)
-    layer(torch.randn(B, N, N, 8), mask)
+    layer = TriangleAttention(c_z=8, n_heads=H, c_hidden=D, node=node, backend="torch")
+    layer(torch.randn(B, N, N, 8), torch.ones(B, N, N, dtype=torch.bool))
     (call,) = seen
-    stride, contiguous, is_view = call["q"]
-    assert is_view and not contiguous and stride[1] == H * D and stride[2] == N * H * D   # i and j swapped
-    assert not call["k"] and not call["v"] and not call["mask"] and not call["bias"]
+    row = 4 * H * D                                               # q, k, v and the gate share one GEMM output
+    assert all(stride == (N * N * row, N * row, row, D, 1) for stride, _ in call["qkv"])
+    assert len({storage for _, storage in call["qkv"]}) == 1
+    assert call["bias"] and call["mask"]
 
 
 def test_auto_is_the_torch_reference_on_cpu():
