@@ -1,4 +1,6 @@
 """The kernel benchmark's timing plan (CPU: the CUDA timing itself is replaced by a counter)."""
+import pytest
+
 import mini_of3.bench.kernels as bench
 
 
@@ -23,3 +25,14 @@ def test_rounds_interleave_the_implementations_and_report_the_median_round(monke
         assert p.row["fwd_ms"] == fwd_times[1] and p.row["fwd_spread_ms"] == [fwd_times[0], fwd_times[-1]]
     # drift is shared: with rotation no implementation is always timed first (or last)
     assert {positions[0] % 3 for positions in first_positions.values()} == {0, 1, 2}
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--layouts", "start,sideways"], "--layouts: ['sideways'] not allowed"),
+    (["--ns", "256,x"], "--ns: expected"),
+    (["--layouts", "end", "--impls", "mini_of3_fused"], "the model layouts run"),
+])
+def test_kernel_bench_bad_arguments_give_one_clear_line(argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(argv)
+    assert message in str(exit_info.value) and "\n" not in str(exit_info.value)

@@ -1,7 +1,7 @@
 """``python -m mini_of3.bench <name> [options]``: run one benchmark; each prints a table and writes JSON + PNG."""
 import sys
 
-COMMANDS = {"kernels": "mini_of3.bench.kernels", "runs": "mini_of3.bench.runs"}
+COMMANDS = {"kernels": "mini_of3.bench.kernels", "step": "mini_of3.bench.step", "runs": "mini_of3.bench.runs"}
 
 
 def main() -> None:

@@ -4,8 +4,16 @@ For each N and D: forward and forward+backward time (median of CUDA-event timing
 three input sets rotated; the implementations interleaved over ``--rounds`` rounds, the median round reported with
 the spread of the rounds), TFLOP/s (forward 4*B*I*H*J*K*D, forward+backward 3.5x), peak memory, relative error of
 the output and the four gradients against a float64 reference (computed in chunks of rows), and whether five
-repeats are bitwise identical. Inputs: B = 1, H = 4, bf16 q/k/v, float32 bias (cast to bf16 for the anchors that
-take only the input dtype), the last N/16 keys masked out.
+repeats are bitwise identical.
+
+``--layouts`` picks the inputs' layout:
+- ``contiguous``: B = 1, H = 4, bf16 q/k/v, float32 bias (cast to bf16 for the anchors that take only the input
+  dtype), the last N/16 keys masked out; each anchor gets its own contiguous layout, made outside the timed region.
+- ``start``, ``end``: exactly what the model's ``TriangleAttention`` (starting / ending node, c_z = 128, under bf16
+  autocast) hands its backend: q, k, v views of one projection, the bias from autocast (bf16), the pair mask of a
+  crop whose last N/16 tokens are padding. Every implementation is called through the model's own adapter
+  (``mini_of3.model.tri_attn_backends``), so any layout conversion an anchor needs is timed, as in a training step.
+  ``mini_of3`` gets the bias cast to float32 beforehand, ``mini_of3_bf16bias`` the bf16 bias as it comes.
 """
 from __future__ import annotations
 
@@ -24,6 +32,11 @@ from mini_of3.bench.common import (median_ms, package_versions, peak_mib, print_
                                    write_json)
 from mini_of3.kernels import triangle_attention_ref
 from mini_of3.kernels.triangle_attention import autotuned_configs
+from mini_of3.model.tri_attn_backends import tri_attn_backend
+from mini_of3.model.triangle import TriangleAttention
+
+LAYOUTS = ("contiguous", "start", "end")
+C_Z = 128          # the pair channels of every GPU config
 
 GRAD_NAMES = ("o", "dq", "dk", "dv", "dbias")
 # The floor at N = 768, H = 4, D = 32 named in issue 3 (one exp per score on the special-function units for the
@@ -38,6 +51,44 @@ def make_inputs(n: int, d: int, heads: int, seed: int, device: str = "cuda"):
     mask = torch.ones(1, n, n, dtype=torch.bool, device=device)
     mask[..., n - max(1, n // 16):] = False
     return q, k, v, bias, mask, do
+
+
+def make_model_inputs(n: int, d: int, heads: int, seed: int, node: str, device: str = "cuda"):
+    """The inputs of the model's triangle attention, node "starting" or "ending", as it passes them to the backend
+    under bf16 autocast: q, k, v [1, I, J, H, D] (views of one projection), bias [1, H, J, K] bf16, mask [1, I, K],
+    and a contiguous dO."""
+    torch.manual_seed(seed)
+    layer = TriangleAttention(c_z=C_Z, n_heads=heads, c_hidden=d, node=node).to(device)
+    z = torch.randn(1, n, n, C_Z, device=device)
+    tokens = torch.ones(1, n, dtype=torch.bool, device=device)
+    tokens[:, n - max(1, n // 16):] = False
+    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+        q, k, v, _, bias, mask = layer.attention_inputs(z, tokens[:, :, None] & tokens[:, None, :])
+    do = torch.randn(q.shape, device=device).to(q.dtype)
+    return q, k, v, bias, mask, do
+
+
+def layout_inputs(layout: str, n: int, d: int, heads: int, seed: int):
+    if layout == "contiguous":
+        return make_inputs(n, d, heads, seed)
+    return make_model_inputs(n, d, heads, seed, {"start": "starting", "end": "ending"}[layout])
+
+
+def adapter_impl(name: str) -> Impl:
+    """An implementation called through the model's backend adapter, on the inputs as the model passes them."""
+    backend = "mini_of3" if name.startswith("mini_of3") else name
+    attend = tri_attn_backend(backend)
+    fp32_bias = name == "mini_of3"
+
+    def native(q, k, v, bias, mask):
+        return q, k, v, bias.float() if fp32_bias else bias, mask
+
+    return Impl(name, "fp32" if fp32_bias else "input", native, attend, lambda t, kind: t)
+
+
+def leaf(t: torch.Tensor, keep_layout: bool) -> torch.Tensor:
+    """A fresh autograd leaf with t's values: a copy, or (``keep_layout``) t's own storage and strides."""
+    return (t.detach() if keep_layout else t.detach().clone()).requires_grad_(True)
 
 
 def reference_fp64(q, k, v, bias, mask, do, rows_per_chunk: int = 32) -> list[torch.Tensor]:
@@ -57,9 +108,9 @@ def reference_fp64(q, k, v, bias, mask, do, rows_per_chunk: int = 32) -> list[to
     return [torch.cat(outs[name], dim=1) for name in GRAD_NAMES[:4]] + [dbias]
 
 
-def run_grads(impl: Impl, native, do_native) -> list[torch.Tensor]:
+def run_grads(impl: Impl, native, do_native, keep_layout: bool = False) -> list[torch.Tensor]:
     q, k, v, bias, mask = native
-    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, bias)]
+    leaves = [leaf(t, keep_layout) for t in (q, k, v, bias)]
     o = impl.call(*leaves, mask)
     grads = torch.autograd.grad(o, leaves, do_native)
     return [impl.back(o.detach(), "qkvo")] + [impl.back(g, "qkvo") for g in grads[:3]] + [impl.back(grads[3], "bias")]
@@ -76,12 +127,13 @@ class Prepared:
     fwdbwd: Callable[[int], object]
 
 
-def prepare(impl: Impl, n: int, d: int, heads: int) -> Prepared:
-    row = {"impl": impl.name, "N": n, "D": d, "H": heads, "dtype": "bf16", "bias_dtype": impl.bias_dtype}
-    sets = [make_inputs(n, d, heads, seed) for seed in range(3)]
+def prepare(impl: Impl, n: int, d: int, heads: int, layout: str = "contiguous") -> Prepared:
+    row = {"impl": impl.name, "N": n, "D": d, "H": heads, "dtype": "bf16", "bias_dtype": impl.bias_dtype,
+           "layout": layout}
+    sets = [layout_inputs(layout, n, d, heads, seed) for seed in range(3)]
     natives = [impl.native(*s[:5]) for s in sets]
     dos = [impl.native(s[5], s[5], s[5], s[3], s[4])[0] for s in sets]   # dO laid out as the impl's q
-    leaves = [[t.detach().clone().requires_grad_(True) for t in nat[:4]] for nat in natives]
+    leaves = [[leaf(t, layout != "contiguous") for t in nat[:4]] for nat in natives]
 
     def fwd(r):
         with torch.no_grad():
@@ -120,11 +172,12 @@ def finish(p: Prepared, *, check: bool, reference) -> dict:
     row["floor_ratio_fwd"] = row["fwd_ms"] / (FLOOR_768_MS["fwd"] * floor_scale)
     row["floor_ratio_fwdbwd"] = row["fwdbwd_ms"] / (FLOOR_768_MS["fwdbwd"] * floor_scale)
     if check:
-        first = run_grads(p.impl, p.natives[0], p.dos[0])
+        keep = row["layout"] != "contiguous"
+        first = run_grads(p.impl, p.natives[0], p.dos[0], keep)
         row["err"] = {name: rel_err(g, r) for name, g, r in zip(GRAD_NAMES, first, reference)}
         same = {name: True for name in GRAD_NAMES}
         for _ in range(4):   # five runs in all
-            again = run_grads(p.impl, p.natives[0], p.dos[0])
+            again = run_grads(p.impl, p.natives[0], p.dos[0], keep)
             for name, a, b in zip(GRAD_NAMES, first, again):
                 same[name] = same[name] and torch.equal(a, b)
         row["bitwise_each"] = same
@@ -136,23 +189,80 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    ds = sorted({r["D"] for r in rows})
-    fig, axes = plt.subplots(len(ds), 2, figsize=(11, 4 * len(ds)), squeeze=False)
-    for a, d in enumerate(ds):
+    panels = sorted({(r.get("layout", "contiguous"), r["D"]) for r in rows},
+                    key=lambda p: (LAYOUTS.index(p[0]), -p[1]))
+    fig, axes = plt.subplots(len(panels), 2, figsize=(11, 4 * len(panels)), squeeze=False)
+    for a, (layout, d) in enumerate(panels):
         for b, key in enumerate(("fwd_ms", "fwdbwd_ms")):
             ax = axes[a][b]
-            for name in dict.fromkeys(r["impl"] for r in rows):
-                pts = sorted((r["N"], r[key]) for r in rows if r["impl"] == name and r["D"] == d and key in r)
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", label=name, lw=2.5 if name == "mini_of3" else 1.2)
+            mine = [r for r in rows if r.get("layout", "contiguous") == layout and r["D"] == d and key in r]
+            for name in dict.fromkeys(r["impl"] for r in mine):
+                pts = sorted((r["N"], r[key]) for r in mine if r["impl"] == name)
+                ax.plot(*zip(*pts), marker="o", label=name, lw=2.5 if name.startswith("mini_of3") else 1.2)
             ax.set_yscale("log")
             ax.set_xlabel("N (tokens)")
             ax.set_ylabel("ms (median)")
-            ax.set_title(f"triangle attention {'forward' if b == 0 else 'forward + backward'}, H=4, D={d}, bf16")
+            ax.set_title(f"{layout}: {'forward' if b == 0 else 'forward + backward'}, H=4, D={d}, bf16", fontsize=10)
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def load_layout_impls(names: list[str], layout: str) -> tuple[list[Impl], dict[str, str]]:
+    """The implementations of one layout: native-layout ones for ``contiguous``, the model's adapters otherwise."""
+    if layout == "contiguous":
+        return load_impls(names)
+    impls, skipped = [], {}
+    for name in names:
+        try:
+            impls.append(adapter_impl(name))
+        except Exception as err:  # an anchor missing here is reported, not fatal
+            skipped[name] = f"{type(err).__name__}: {str(err)[:200]}"
+    return impls, skipped
+
+
+def parse_list(text: str, name: str, cast=int, allowed=None) -> list:
+    """A comma-separated option, or one clear error line."""
+    try:
+        values = [cast(x) for x in text.split(",") if x]
+    except ValueError:
+        raise SystemExit(f"--{name}: expected a comma-separated list, got {text!r}") from None
+    bad = [v for v in values if allowed is not None and v not in allowed]
+    if not values or bad:
+        raise SystemExit(f"--{name}: {bad or 'nothing'} not allowed; choose from {list(allowed or [])}")
+    return values
+
+
+ADAPTED = ("mini_of3", "mini_of3_bf16bias", "trifast", "cueq", "of3_triton", "torch")
+
+
+def bench_shape(result: dict, impls: list[Impl], layout: str, n: int, d: int, args, check: bool) -> None:
+    """Time every implementation at one (layout, N, D), interleaved; append one row each to ``result``."""
+    t0 = time.time()
+    reference = reference_fp64(*layout_inputs(layout, n, d, args.heads, 0)) if check else None
+    if check:
+        print(f"float64 reference {layout} N={n} D={d}: {time.time() - t0:.1f}s", flush=True)
+    prepared = []
+    for impl in impls:
+        try:
+            prepared.append(prepare(impl, n, d, args.heads, layout))
+        except Exception as err:
+            result["rows"].append({"impl": impl.name, "layout": layout, "N": n, "D": d,
+                                   "error": f"{type(err).__name__}: {str(err)[:300]}"})
+            traceback.print_exc(limit=4)
+    time_rounds(prepared, args.rounds, args.reps)
+    for p in prepared:
+        try:
+            row = finish(p, check=check, reference=reference)
+        except Exception as err:
+            row = {"impl": p.impl.name, "layout": layout, "N": n, "D": d,
+                   "error": f"{type(err).__name__}: {str(err)[:300]}"}
+            traceback.print_exc(limit=4)
+        result["rows"].append(row)
+        print(json.dumps(row), flush=True)
+    del prepared, reference
+    torch.cuda.empty_cache()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -161,70 +271,50 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ds", default="32,16")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--impls", default="mini_of3,mini_of3_bf16bias,cueq,trifast,of3_triton,torch")
+    parser.add_argument("--layouts", default="contiguous", help=f"any of {','.join(LAYOUTS)}")
     parser.add_argument("--check-ns", default="all", help="N values with float64 errors and bitwise repeats")
     parser.add_argument("--reps", type=int, default=10, help="timed calls per round (their median is the round's)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over all implementations, interleaved")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="", help="suffix of the result file names")
     args = parser.parse_args(argv)
+    names = parse_list(args.impls, "impls", str, FACTORIES)
+    layouts = parse_list(args.layouts, "layouts", str, LAYOUTS)
+    ns, ds = parse_list(args.ns, "ns"), parse_list(args.ds, "ds")
+    check_ns = None if args.check_ns == "all" else set(parse_list(args.check_ns, "check-ns"))
+    if set(layouts) - {"contiguous"} and set(names) - set(ADAPTED):
+        raise SystemExit(f"--impls: the model layouts run {list(ADAPTED)} only, got {names}")
     if not torch.cuda.is_available():
         raise SystemExit("the kernel benchmark needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = False
-
-    names = [n for n in args.impls.split(",") if n]
-    unknown = [n for n in names if n not in FACTORIES]
-    if unknown:
-        raise SystemExit(f"unknown impls {unknown}; known: {sorted(FACTORIES)}")
-    impls, skipped = load_impls(names)
     result = result_header("kernels", package_versions(
         ["trifast", "cuequivariance", "cuequivariance-torch", "cuequivariance-ops-torch-cu13", "openfold3"]))
-    result["skipped"] = skipped
-    result["shapes"] = {"B": 1, "H": args.heads, "mask": "last N/16 keys masked", "dtype": "bf16"}
-    for name, why in skipped.items():
-        print(f"skipped {name}: {why}", flush=True)
+    result["skipped"] = {}
+    result["shapes"] = {"B": 1, "H": args.heads, "mask": "last N/16 keys (contiguous) or tokens (start, end) masked",
+                        "dtype": "bf16"}
     out = Path(args.out)
     stem = f"kernels{('_' + args.tag) if args.tag else ''}"
-    check_ns = None if args.check_ns == "all" else {int(x) for x in args.check_ns.split(",") if x}
-    for d in (int(x) for x in args.ds.split(",")):
-        for n in (int(x) for x in args.ns.split(",")):
-            check = check_ns is None or n in check_ns
-            t0 = time.time()
-            reference = reference_fp64(*make_inputs(n, d, args.heads, 0)) if check else None
-            if check:
-                print(f"float64 reference N={n} D={d}: {time.time() - t0:.1f}s", flush=True)
-            prepared = []
-            for impl in impls:
-                try:
-                    prepared.append(prepare(impl, n, d, args.heads))
-                except Exception as err:
-                    result["rows"].append({"impl": impl.name, "N": n, "D": d,
-                                           "error": f"{type(err).__name__}: {str(err)[:300]}"})
-                    traceback.print_exc(limit=4)
-            time_rounds(prepared, args.rounds, args.reps)
-            for p in prepared:
-                try:
-                    row = finish(p, check=check, reference=reference)
-                except Exception as err:
-                    row = {"impl": p.impl.name, "N": n, "D": d, "error": f"{type(err).__name__}: {str(err)[:300]}"}
-                    traceback.print_exc(limit=4)
-                result["rows"].append(row)
-                print(json.dumps(row), flush=True)
-            del prepared
-            torch.cuda.empty_cache()
-            write_json(result, out / f"{stem}.json")
-            reference = None
-            torch.cuda.empty_cache()
+    for layout in layouts:
+        impls, skipped = load_layout_impls(names, layout)
+        for name, why in skipped.items():
+            result["skipped"][f"{name} ({layout})"] = why
+            print(f"skipped {name} ({layout}): {why}", flush=True)
+        for d in ds:
+            for n in ns:
+                bench_shape(result, impls, layout, n, d, args, check=check_ns is None or n in check_ns)
+                write_json(result, out / f"{stem}.json")
     result["autotuned"] = autotuned_configs()
     write_json(result, out / f"{stem}.json")
     rows = [r for r in result["rows"] if "error" not in r]
     plot(rows, out / f"{stem}.png")
     print()
-    print_table(rows, [("impl", "impl", "s"), ("N", "N", "d"), ("D", "D", "d"), ("fwd_ms", "fwd ms", ".3f"),
+    print_table(rows, [("impl", "impl", "s"), ("layout", "layout", "s"), ("N", "N", "d"), ("D", "D", "d"),
+                       ("fwd_ms", "fwd ms", ".3f"),
                        ("fwdbwd_ms", "fwd+bwd ms", ".3f"), ("fwd_tflops", "fwd TF/s", ".0f"),
                        ("fwdbwd_tflops", "f+b TF/s", ".0f"), ("peak_mib", "peak MiB", ".0f")])
     for r in rows:
         if "err" in r:
             errs = " ".join(f"{k} {v:.1e}" for k, v in r["err"].items())
-            print(f"{r['impl']:>18s} N={r['N']}: {errs}  bitwise={r['bitwise']}")
+            print(f"{r['impl']:>18s} {r['layout']:>10s} N={r['N']}: {errs}  bitwise={r['bitwise']}")
     print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
 

@@ -1,0 +1,378 @@
+"""``python -m mini_of3.bench step [CONFIG]``: the real training step with the triangle backends swapped, one process.
+
+Every arm (``<tri_attn_backend>+<tri_mul_backend>``) gets the same initial weights (one model built from the config's
+seed, its state copied into each arm) and, per crop, the same real crop: the largest entry of the prepared folder,
+cropped by the data pipeline. A step is the trainer's: forward under bf16 autocast (``n_recycles = 0``), the losses,
+backward, AdamW. The arms are interleaved over rounds (the order rotated each round) so that clock drift hits all
+alike; each row reports the median step time and the spread over rounds, peak memory above the weights and optimizer
+state, the first step's loss (the same weights and noise for every arm: it must agree within bf16 rounding), and
+where one profiled step spent its GPU time (:func:`breakdown`).
+
+    python -m mini_of3.bench step configs/crop384.yaml --crops 256,768 --arms mini_of3+cueq,cueq+cueq
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from mini_of3.bench.common import package_versions, print_table, result_header, write_json
+from mini_of3.config import ConfigError, load_config
+from mini_of3.losses import compute_losses
+from mini_of3.model import build_model
+from mini_of3.model.tri_attn_backends import TRI_ATTN_BACKENDS
+from mini_of3.model.tri_mul_backends import TRI_MUL_BACKENDS
+from mini_of3.training.optim import build_optimizer
+
+DEFAULT_CONFIG = "configs/crop384.yaml"
+DEFAULT_ARMS = "mini_of3+cueq,cueq+cueq,trifast+cueq,of3_triton+cueq,mini_of3+torch,torch+torch"
+SLOW_STEP_S = 10.0        # an arm whose warm-up step takes longer is not timed at this crop or any larger one
+CATEGORIES = ("triangle attention", "triangle multiplication", "GEMMs", "layer norms", "copies/casts",
+              "diffusion module (fwd)", "pLDDT rollout", "optimizer", "other")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# arguments
+
+
+def parse_arms(text: str) -> list[str]:
+    """``attn+mul,...`` -> the arm names, or one clear error line."""
+    arms = [a for a in text.split(",") if a]
+    for arm in arms:
+        attn, _, mul = arm.partition("+")
+        if attn not in TRI_ATTN_BACKENDS or mul not in TRI_MUL_BACKENDS:
+            raise SystemExit(f"--arms: {arm!r} is not <tri_attn_backend>+<tri_mul_backend> with tri_attn_backend in "
+                             f"{TRI_ATTN_BACKENDS} and tri_mul_backend in {TRI_MUL_BACKENDS}")
+    if not arms:
+        raise SystemExit("--arms: no arm given")
+    return arms
+
+
+def parse_crops(text: str) -> list[int]:
+    try:
+        crops = [int(c) for c in text.split(",") if c]
+    except ValueError:
+        raise SystemExit(f"--crops: expected comma-separated token counts, got {text!r}") from None
+    if not crops or min(crops) < 8:
+        raise SystemExit(f"--crops: expected crop sizes of at least 8 tokens, got {text!r}")
+    return sorted(crops)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# inputs
+
+
+def real_crop(prepared: Path, crop: int, device: torch.device) -> tuple[dict, str]:
+    """A crop of ``crop`` tokens (fewer if no entry is that large) of the largest entry of a prepared folder, as
+    the training loader makes it (cropper drawn from seed 0), on ``device``; and the entry's id."""
+    from mini_of3.config import DataConfig
+    from mini_of3.data.dataset import ProteinDataset, collate
+    from mini_of3.data.prepare import read_manifest
+
+    rows = read_manifest(prepared)
+    if not rows:
+        raise SystemExit(f"{prepared}: no prepared entries (run python -m mini_of3.data.prepare first)")
+    largest = max(rows, key=lambda r: r.tokens)
+    dataset = ProteinDataset(prepared, DataConfig(crop_size=crop, min_tokens=1, max_resolution=None), "all",
+                             seed=0, rows=[largest])
+    batch = collate([dataset[0]])
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}, largest.id
+
+
+class Arm:
+    """One backend pair: its model (the shared initial weights) and optimizer, and a training step."""
+
+    def __init__(self, name: str, cfg, state: dict, device: torch.device) -> None:
+        attn, _, mul = name.partition("+")
+        self.name, self.cfg, self.device = name, cfg, device
+        self.model = build_model(replace(cfg.model, tri_attn_backend=attn, tri_mul_backend=mul)).to(device)
+        self.model.load_state_dict(state)
+        self.optimizer, _ = build_optimizer(self.model, cfg.optim)
+        self.times: dict[int, list[float]] = {}
+        self.slow_from: int | None = None          # the first crop at which a step took longer than SLOW_STEP_S
+
+    def step(self, batch: dict) -> float:
+        """One training step (same dropout masks and diffusion noise for every arm); returns the loss."""
+        cuda = self.device.type == "cuda"
+        self.model.train()
+        torch.manual_seed(self.cfg.seed)
+        generator = torch.Generator(self.device).manual_seed(self.cfg.seed)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cuda):
+            out = self.model(batch, n_recycles=0, generator=generator)
+        loss, _ = compute_losses(out, batch, self.cfg.loss)
+        loss.backward()
+        with torch.profiler.record_function("optimizer"):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    def release(self) -> None:
+        """Give the optimizer's state back (AdamW keeps two tensors per weight) between crops."""
+        self.optimizer.state.clear()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_step(arm: Arm, batch: dict) -> tuple[float, float]:
+    """(seconds, loss) of one step, the device synchronised on both sides."""
+    synchronize(arm.device)
+    start = time.perf_counter()
+    loss = arm.step(batch)
+    synchronize(arm.device)
+    return time.perf_counter() - start, loss
+
+
+def peak_mib(arm: Arm, batch: dict) -> float | None:
+    """Memory a step allocates above what is allocated before it (weights, gradients none, optimizer state)."""
+    if arm.device.type != "cuda":
+        return None
+    synchronize(arm.device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(arm.device)
+    base = torch.cuda.memory_allocated(arm.device)
+    arm.step(batch)
+    synchronize(arm.device)
+    return (torch.cuda.max_memory_allocated(arm.device) - base) / 2**20
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# where the GPU time goes
+
+
+_BY_NAME = (   # (category, pattern on a kernel's or op's name), first match wins
+    ("triangle attention", r"_fwd\b|_bwd_dq|_bwd_dkdv|_bwd_dbias|_sum_chunks|_delta\b|attention|attn|evoformer"),
+    ("triangle multiplication", r"triangle_mul|trimul|tri_mul|multiplicative"),
+    ("GEMMs", r"gemm|cutlass|xmma|nvjet|wgmma|cublas|aten::mm\b|aten::bmm|aten::addmm|aten::matmul|aten::linear"),
+    ("layer norms", r"layer_norm|layernorm|LayerNorm"),
+    ("copies/casts", r"copy|[Cc]ast|convert|CatArray|aten::to\b|aten::_to_copy|aten::cat|aten::contiguous|"
+                     r"aten::clone|transpose"),
+)
+_SCOPES = {"optimizer": "optimizer", "bench::plddt_rollout": "pLDDT rollout",
+           "bench::diffusion_module": "diffusion module (fwd)", "bench::triangle_attention": "triangle attention",
+           "bench::triangle_multiplication": "triangle multiplication"}
+
+
+def categorize(name: str, scopes: list[str]) -> str:
+    """The category of one kernel (or, on the CPU, one op) from the names of its enclosing ranges (innermost
+    first) and its own name: the optimizer, pLDDT rollout and the diffusion module's forward by range; then by
+    name; then a kernel in a triangle layer's range counts for that layer."""
+    for scope in scopes:
+        if _SCOPES.get(scope) in ("optimizer", "pLDDT rollout", "diffusion module (fwd)"):
+            return _SCOPES[scope]
+    for category, pattern in _BY_NAME:
+        if re.search(pattern, name):
+            return category
+    for scope in scopes:
+        if scope in _SCOPES:
+            return _SCOPES[scope]
+        if re.search(r"TriangleAttention|triangle_attention", scope):
+            return "triangle attention"
+        if re.search(r"TriangleMultiplic|triangle_multiplicative", scope):
+            return "triangle multiplication"
+    return "other"
+
+
+def _scope_hooks(model: torch.nn.Module) -> list:
+    """Forward hooks that open a profiler range around the modules the breakdown names (removed after profiling).
+    The diffusion module without gradients is the pLDDT rollout's sampler; the pLDDT head belongs to it too."""
+    from mini_of3.model.triangle import TriangleAttention, TriangleMultiplication
+
+    def scope_of(module) -> str | None:
+        if module is model.diffusion:
+            return "bench::diffusion_module" if torch.is_grad_enabled() else "bench::plddt_rollout"
+        if module is model.plddt_head:
+            return "bench::plddt_rollout"
+        if isinstance(module, TriangleAttention):
+            return "bench::triangle_attention"
+        if isinstance(module, TriangleMultiplication):
+            return "bench::triangle_multiplication"
+        return None
+
+    open_ranges: list = []
+
+    def enter(module, args):
+        scope = scope_of(module)
+        if scope is not None:
+            r = torch.profiler.record_function(scope)
+            r.__enter__()
+            open_ranges.append(r)
+
+    def leave(module, args, output):
+        if scope_of(module) is not None and open_ranges:
+            open_ranges.pop().__exit__(None, None, None)
+
+    modules = [model.diffusion, model.plddt_head,
+               *(m for m in model.modules() if isinstance(m, (TriangleAttention, TriangleMultiplication)))]
+    return [h for m in modules for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
+
+
+def _timed_items(events, cuda: bool):
+    """(name, microseconds, enclosing range names innermost first) per GPU kernel, or per CPU op (self time)."""
+    for event in events:
+        scopes, parent = [], event.cpu_parent
+        while parent is not None:
+            scopes.append(parent.name)
+            parent = parent.cpu_parent
+        if cuda:
+            for kernel in event.kernels:
+                yield kernel.name, kernel.duration, [event.name, *scopes]
+        elif event.name.startswith("aten::") and event.self_cpu_time_total > 0:
+            yield event.name, event.self_cpu_time_total, scopes
+
+
+def breakdown(arm: Arm, batch: dict) -> tuple[dict[str, float], list[list]]:
+    """Milliseconds of GPU time (CPU op self time on a CPU) per category in one profiled step, and the 15 kernels
+    that took longest (name, ms, category) to check the categories against."""
+    cuda = arm.device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    hooks = _scope_hooks(arm.model)
+    try:
+        with torch.profiler.profile(activities=activities) as prof:
+            arm.step(batch)
+            synchronize(arm.device)
+    finally:
+        for h in hooks:
+            h.remove()
+    totals = dict.fromkeys(CATEGORIES, 0.0)
+    per_kernel: dict[str, list] = {}
+    for name, us, scopes in _timed_items(prof.events(), cuda):
+        category = categorize(name, scopes)
+        totals[category] += us / 1e3
+        entry = per_kernel.setdefault(name[:120], [0.0, category])
+        entry[0] += us / 1e3
+    top = sorted(([n, ms, c] for n, (ms, c) in per_kernel.items()), key=lambda x: -x[1])[:15]
+    return {k: round(v, 3) for k, v in totals.items()}, top
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the benchmark
+
+
+def bench_crop(arms: list[Arm], batch: dict, crop: int, rounds: int, warmup: int) -> list[dict]:
+    """Rows of one crop: warm-up (the first step's loss is loss0), interleaved timed rounds, peak, breakdown."""
+    live = [a for a in arms if a.slow_from is None]
+    rows = {a.name: {"impl": a.name, "N": int(batch["token_mask"].shape[1])} for a in arms}
+    for arm in live:
+        for w in range(warmup):
+            seconds, loss = timed_step(arm, batch)
+            if w == 0:
+                rows[arm.name]["loss0"] = loss
+            if seconds > SLOW_STEP_S:
+                arm.slow_from = crop
+                rows[arm.name]["skipped"] = f"a step took {seconds:.1f} s > {SLOW_STEP_S} s"
+                break
+    live = [a for a in live if a.slow_from is None]
+    times = {a.name: [] for a in live}
+    for r in range(rounds):
+        for arm in live[r % len(live):] + live[:r % len(live)] if live else []:
+            times[arm.name].append(timed_step(arm, batch)[0])
+    for arm in live:
+        row, values = rows[arm.name], sorted(times[arm.name])
+        row["step_s"] = statistics.median(values)
+        row["step_spread_s"] = [values[0], values[-1]]
+        row["peak_mib"] = peak_mib(arm, batch)
+        row["breakdown_ms"], row["top_kernels"] = breakdown(arm, batch)
+    for arm in arms:
+        arm.release()
+    return [rows[a.name] for a in arms]
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Step time against crop per arm (left) and the GPU-time breakdown of the largest crop, stacked (right)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    timed = [r for r in rows if "step_s" in r]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for name in dict.fromkeys(r["impl"] for r in timed):
+        pts = sorted((r["N"], r["step_s"] * 1e3) for r in timed if r["impl"] == name)
+        left.plot(*zip(*pts), marker="o", label=name, lw=2.5 if name.startswith("mini_of3") else 1.2)
+    left.set_xlabel("crop (tokens)")
+    left.set_ylabel("ms per training step (median)")
+    left.set_yscale("log")
+    left.grid(alpha=0.3, which="both")
+    left.legend(fontsize=8)
+    left.set_title("training step")
+    if timed:
+        largest = max(r["N"] for r in timed)
+        at = [r for r in timed if r["N"] == largest]
+        bottom = [0.0] * len(at)
+        for category in CATEGORIES:
+            heights = [r["breakdown_ms"].get(category, 0.0) for r in at]
+            right.bar(range(len(at)), heights, bottom=bottom, label=category)
+            bottom = [b + h for b, h in zip(bottom, heights)]
+        right.set_xticks(range(len(at)), [r["impl"] for r in at], rotation=30, ha="right", fontsize=8)
+        right.set_ylabel("GPU ms in one profiled step")
+        right.set_title(f"where the step's GPU time goes, crop {largest}")
+        right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m mini_of3.bench step", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="a training config (its model and optim)")
+    parser.add_argument("--crops", default="256,384,512,640,768")
+    parser.add_argument("--arms", default=DEFAULT_ARMS, help="comma-separated <tri_attn_backend>+<tri_mul_backend>")
+    parser.add_argument("--data", default=None, help="a prepared folder (default: the config's data.cache_dir)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed steps per arm, interleaved")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per arm first (compilation, autotuning)")
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--tag", default="", help="suffix of the result file names")
+    args, overrides = parser.parse_known_args(argv)   # key=value overrides of the config, as for train.py
+    if "=" in args.config:                             # no config named, only overrides
+        args.config, overrides = DEFAULT_CONFIG, [args.config, *overrides]
+    arm_names, crops = parse_arms(args.arms), parse_crops(args.crops)
+    if args.rounds < 1 or args.warmup < 1:
+        raise SystemExit(f"--rounds and --warmup must be >= 1, got {args.rounds}, {args.warmup}")
+    if not Path(args.config).is_file():
+        raise SystemExit(f"config {args.config!r} not found")
+    try:
+        cfg = load_config(args.config, [*overrides, "model.n_recycles=0"])
+    except ConfigError as err:
+        raise SystemExit(f"config: {err}") from None
+    prepared = Path(args.data or cfg.data.cache_dir)
+    if not (prepared / "manifest.tsv").is_file():
+        raise SystemExit(f"{prepared}: no manifest.tsv (prepare the data first: python -m mini_of3.data.prepare "
+                         f"SRC {prepared})")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(cfg.seed)
+    state = copy.deepcopy(build_model(replace(cfg.model, tri_attn_backend="torch", tri_mul_backend="torch"))
+                          .state_dict())
+    arms = []
+    for name in arm_names:
+        try:
+            arms.append(Arm(name, cfg, state, device))
+        except ImportError as err:     # an anchor missing here is reported, not fatal
+            print(f"skipped {name}: {err}", flush=True)
+    result = result_header("step", package_versions(["cuequivariance-torch", "trifast", "openfold3"]))
+    result["config"] = args.config
+    out = Path(args.out)
+    stem = f"step{('_' + args.tag) if args.tag else ''}"
+    for crop in crops:
+        batch, entry = real_crop(prepared, crop, device)
+        print(f"crop {crop}: {entry}, {batch['token_mask'].shape[1]} tokens", flush=True)
+        for row in bench_crop(arms, batch, crop, args.rounds, args.warmup):
+            result["rows"].append({**row, "crop": crop, "entry": entry})
+        write_json(result, out / f"{stem}.json")
+    rows = result["rows"]
+    plot(rows, out / f"{stem}.png")
+    print()
+    print_table([{**r, "step_ms": r.get("step_s", 0) * 1e3 or None} for r in rows],
+                [("impl", "arm", "s"), ("N", "N", "d"), ("step_ms", "step ms", ".1f"), ("peak_mib", "peak MiB", ".0f"),
+                 ("loss0", "loss0", ".4f")])
+    print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
+
+
+if __name__ == "__main__":
+    main()

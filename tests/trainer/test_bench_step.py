@@ -1,0 +1,50 @@
+"""``python -m mini_of3.bench step`` on the CPU: a tiny model, two crops, one arm (times are not checked here)."""
+import json
+
+import pytest
+
+from mini_of3.bench import step
+
+from .helpers import TINY_MODEL
+
+
+def tiny_model_overrides() -> list[str]:
+    values = {**TINY_MODEL, "pair_dropout": 0.0}
+    return [f"model.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items()]
+
+
+def test_step_bench_writes_rows_with_every_field_and_a_plot(small_data, tmp_path, capsys):
+    prepared, _ = small_data
+    step.main(["configs/default.yaml", "--crops", "16,24", "--arms", "torch+torch", "--rounds", "2",
+               "--warmup", "1", "--data", str(prepared), "--out", str(tmp_path), "--tag", "t",
+               *tiny_model_overrides()])
+    result = json.loads((tmp_path / "step_t.json").read_text())
+    assert result["bench"] == "step" and (tmp_path / "step_t.png").stat().st_size > 0
+    assert [(r["impl"], r["N"]) for r in result["rows"]] == [("torch+torch", 16), ("torch+torch", 24)]
+    for row in result["rows"]:
+        assert row["step_s"] > 0 and row["loss0"] == pytest.approx(row["loss0"]) and row["loss0"] > 0
+        assert set(row["breakdown_ms"]) == set(step.CATEGORIES) and row["breakdown_ms"]["GEMMs"] > 0
+        assert "peak_mib" in row and row["top_kernels"]
+    assert "torch+torch" in capsys.readouterr().out
+
+
+def test_two_arms_with_the_same_weights_start_from_the_same_loss(small_data, tmp_path):
+    prepared, _ = small_data
+    step.main(["configs/default.yaml", "--crops", "16", "--arms", "torch+torch,auto+auto", "--rounds", "1",
+               "--warmup", "1", "--data", str(prepared), "--out", str(tmp_path), *tiny_model_overrides()])
+    first, second = json.loads((tmp_path / "step.json").read_text())["rows"]
+    assert first["loss0"] == second["loss0"]          # auto is torch on the CPU: the same arm, bitwise
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--arms", "mini_of3+nope"], "--arms: 'mini_of3+nope'"),
+    (["--crops", "256,x"], "--crops: expected"),
+    (["--crops", "4"], "--crops: expected crop sizes"),
+    (["configs/nope.yaml"], "config 'configs/nope.yaml' not found"),
+    (["--data", "/nonexistent"], "no manifest.tsv"),
+    (["model.nope=1"], "config:"),
+])
+def test_bad_arguments_give_one_clear_line(argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        step.main(argv)
+    assert message in str(exit_info.value) and "\n" not in str(exit_info.value)
