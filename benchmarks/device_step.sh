@@ -10,8 +10,13 @@ arms=${4:-mini_of3+cueq,cueq+cueq,trifast+cueq,of3_triton+cueq,mini_of3+torch,to
 : "${MINI_OF3_COMMIT:?set MINI_OF3_COMMIT to the commit measured}"
 source benchmarks/device_env.sh
 if [[ $steps == *kernels* ]]; then
+  impls=""   # each implementation probed in a process of its own first: one that faults would end the bench
+  for impl in mini_of3 mini_of3_bf16bias trifast cueq of3_triton; do
+    out=$(timeout 90 python3 benchmarks/probe_layouts.py $impl --n "${kns##*,}" 2>&1) && impls="$impls,$impl"
+    echo "$out" | grep -E "^probe|Error" | tail -3
+  done
   timeout ${MINI_OF3_KERNELS_LIMIT:-240} python3 -m mini_of3.bench kernels --layouts start,end,contiguous \
-    --ns "$kns" --ds 32 --impls mini_of3,mini_of3_bf16bias,trifast,cueq,of3_triton --check-ns "$kns" \
+    --ns "$kns" --ds 32 --impls "${impls#,}" --check-ns "$kns" \
     --out "$OUT" --tag "layouts_$tag" 2>&1 | grep -v '^{' | grep -v 'Warning\|return super\|warn' | tail -40
 fi
 if [[ $steps == *step* ]]; then

@@ -69,7 +69,7 @@ def parse_crops(text: str) -> list[int]:
 
 
 def real_crop(prepared: Path, crop: int, device: torch.device) -> tuple[dict, str]:
-    """A crop of ``crop`` tokens (fewer if no entry is that large) of the largest entry of a prepared folder, as
+    """A crop of ``crop`` tokens (fewer if no entry is that large) of the entry with the most resolved tokens, as
     the training loader makes it (cropper drawn from seed 0), on ``device``; and the entry's id."""
     from mini_of3.config import DataConfig
     from mini_of3.data.dataset import ProteinDataset, collate
@@ -78,7 +78,7 @@ def real_crop(prepared: Path, crop: int, device: torch.device) -> tuple[dict, st
     rows = read_manifest(prepared)
     if not rows:
         raise SystemExit(f"{prepared}: no prepared entries (run python -m mini_of3.data.prepare first)")
-    largest = max(rows, key=lambda r: r.tokens)
+    largest = max(rows, key=lambda r: r.resolved_tokens)
     dataset = ProteinDataset(prepared, DataConfig(crop_size=crop, min_tokens=1, max_resolution=None), "all",
                              seed=0, rows=[largest])
     batch = collate([dataset[0]])
@@ -266,10 +266,9 @@ def bench_crop(arms: list[Arm], batch: dict, crop: int, rounds: int, warmup: int
             seconds, loss = timed_step(arm, batch)
             if w == 0:
                 rows[arm.name]["loss0"] = loss
-            if seconds > SLOW_STEP_S:
-                arm.slow_from = crop
-                rows[arm.name]["skipped"] = f"a step took {seconds:.1f} s > {SLOW_STEP_S} s"
-                break
+        if seconds > SLOW_STEP_S:        # the last warm-up step: the first ones compile and autotune
+            arm.slow_from = crop
+            rows[arm.name]["skipped"] = f"a step took {seconds:.1f} s > {SLOW_STEP_S} s"
     live = [a for a in live if a.slow_from is None]
     times = {a.name: [] for a in live}
     for r in range(rounds):
@@ -326,7 +325,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arms", default=DEFAULT_ARMS, help="comma-separated <tri_attn_backend>+<tri_mul_backend>")
     parser.add_argument("--data", default=None, help="a prepared folder (default: the config's data.cache_dir)")
     parser.add_argument("--rounds", type=int, default=5, help="timed steps per arm, interleaved")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per arm first (compilation, autotuning)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per arm first (compilation, autotuning; "
+                        f"an arm whose last one takes over {SLOW_STEP_S:.0f} s is not timed at this crop or above)")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="", help="suffix of the result file names")
     args, overrides = parser.parse_known_args(argv)   # key=value overrides of the config, as for train.py
