@@ -1,5 +1,5 @@
 """Probe one implementation on the model's layouts in a process of its own (a kernel that faults poisons the CUDA
-context of its process): one forward + backward at N, start and end node. Exit 0 and "ok", or 1 and the error.
+context of its process): one forward without autograd and one forward + backward at N, start and end node. Exit 0 and "ok", or 1 and the error.
 
     python benchmarks/probe_layouts.py IMPL [--n 768] [--d 32]
 """
@@ -19,7 +19,11 @@ try:
     impl = adapter_impl(args.impl)
     for node in ("starting", "ending"):
         q, k, v, bias, mask, do = make_model_inputs(args.n, args.d, 4, 0, node)
-        leaves = [leaf(t, True) for t in impl.native(q, k, v, bias, mask)[:4]]
+        native = impl.native(q, k, v, bias, mask)
+        with torch.no_grad():
+            impl.call(*native)
+        torch.cuda.synchronize()
+        leaves = [leaf(t, True) for t in native[:4]]
         o = impl.call(*leaves, mask)
         torch.autograd.grad(o, leaves, do)
         torch.cuda.synchronize()
