@@ -10,7 +10,9 @@ arms=${4:-mini_of3+cueq,cueq+cueq,trifast+cueq,of3_triton+cueq,mini_of3+torch,to
 : "${MINI_OF3_COMMIT:?set MINI_OF3_COMMIT to the commit measured}"
 source benchmarks/device_env.sh
 if [[ $steps == *kernels* ]]; then
-  impls=${MINI_OF3_TRUSTED:-}   # implementations known not to fault; each other one implementation probed in a process of its own first: one that faults would end the bench
+  # each implementation not named in MINI_OF3_TRUSTED is probed in a process of its own first: one that faults
+  # would end the bench
+  impls=${MINI_OF3_TRUSTED:-}
   for impl in ${MINI_OF3_PROBE:-mini_of3 mini_of3_bf16bias trifast cueq of3_triton}; do
     out=$(timeout 90 python3 benchmarks/probe_layouts.py $impl --n "${kns##*,}" 2>&1) && impls="$impls,$impl"
     echo "$out" | grep -E "^probe|Error" | tail -3

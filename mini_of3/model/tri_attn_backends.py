@@ -79,6 +79,8 @@ def _of3_triton(fn) -> Attend:
     def attend(q, k, v, bias, mask):
         # OpenFold3 0.5's TritonEvoformer: q, k, v [B, I, J, H, D] ("[Batch, N_seq, N_res, Head, Dim]": our layout);
         # additive mask [B, I, 1, 1, K] and bias [B, 1, H, J, K], both in q's dtype
+        # its kernel indexes q, k, v as if contiguous: views of one projection fault (illegal address, H200)
+        q, k, v = (x.contiguous() for x in (q, k, v))
         additive = torch.where(_key_mask(q, mask), 0.0, -1e9).to(q.dtype)[:, :, None, None, :]
         return fn(q, k, v, additive, bias[:, None].to(q.dtype))             # [B, I, J, H, D]
     return attend
