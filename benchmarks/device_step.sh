@@ -17,7 +17,7 @@ if [[ $steps == *kernels* ]]; then
     out=$(timeout 90 python3 benchmarks/probe_layouts.py $impl --n "${kns##*,}" 2>&1) && impls="$impls,$impl"
     echo "$out" | grep -E "^probe|Error" | tail -3
   done
-  timeout ${MINI_OF3_KERNELS_LIMIT:-240} python3 -m mini_of3.bench kernels --layouts start,end,contiguous \
+  timeout ${MINI_OF3_KERNELS_LIMIT:-240} python3 -m mini_of3.bench kernels --layouts "${MINI_OF3_LAYOUTS:-start,end,contiguous}" \
     --ns "$kns" --ds 32 --impls "${impls#,}" --check-ns "$kns" \
     --out "$OUT" --tag "layouts_$tag" 2>&1 | grep -v '^{' | grep -v 'Warning\|return super\|warn' | tail -40
 fi
