@@ -40,7 +40,7 @@ from .training.ema import EMA
 from .training.optim import build_optimizer, derived_seed, recycles_for_step
 from .training.plots import plot_run
 from .training.runlog import RunLog, Watchdog, json_safe
-from .training.signals import Interrupted, StopRequest
+from .training.signals import Interrupted, StopRequest, is_worker_death
 from .training.validation import means, validation_sums
 
 PARTS = ("distogram", "diffusion", "smooth_lddt", "plddt")
@@ -221,6 +221,10 @@ class Trainer:
                 bar.close()
                 self.watchdog.stop()
                 self.log.close()
+                self._iterator = None
+                self.loaders.close()                     # the workers ignore stop signals: end them here
+        for death in self.stop.worker_deaths:
+            self.say(f"during the stop: {death}")
         wall = time.perf_counter() - started
         if self.main:
             plot_run(self.log.rows, self.out, title=self.out.name)
@@ -246,16 +250,22 @@ class Trainer:
                 self._save(val)
 
     def _step_or_stop(self) -> bool:
-        """One training step; False when a signal cut it short (the state from before it is then saved)."""
+        """One training step; False when a signal cut it short (the state from before it is then saved). A loader
+        worker found dead while a stop is requested (the job's signal reached it too) cuts the step short the same
+        way: it is raised while the step waits for a batch, before the weights change."""
         position = (self.epoch, self.consumed)
         try:
             self._train_step()
             return True
         except Interrupted:
-            self.epoch, self.consumed = position             # the abandoned step's batch comes again on resume
-            self.optimizer.zero_grad(set_to_none=True)
-            self._save()
-            return False
+            pass
+        except RuntimeError as err:
+            if self.stop.signal is None or not is_worker_death(err):
+                raise
+        self.epoch, self.consumed = position                 # the abandoned step's batch comes again on resume
+        self.optimizer.zero_grad(set_to_none=True)
+        self._save()
+        return False
 
     def _slot(self, index: int) -> int:
         """The place, in the global batch, of this rank's micro-batch (or validation batch) ``index``.

@@ -7,6 +7,7 @@ examples it would have seen.
 """
 from __future__ import annotations
 
+import signal
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -229,9 +230,25 @@ class DataLoaders:
     train_sampler: EpochSampler
     val_real: int = 0           # how many leading batches of ``val`` hold this rank's entries (the rest are padding)
 
+    def close(self) -> None:
+        """Stop the worker processes of both loaders (their persistent iterators are dropped; a later ``iter``
+        starts new workers). Workers ignore SIGINT and SIGTERM (:func:`_worker_init`), so they end only when told:
+        multiprocessing's exit handler would otherwise SIGTERM them and wait forever."""
+        for loader in (self.train, self.val):
+            iterator = getattr(loader, "_iterator", None)   # DataLoader keeps its persistent workers' iterator here
+            if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+                iterator._shutdown_workers()
+            if loader is not None:
+                loader._iterator = None
+
 
 def _worker_init(_: int) -> None:
+    """Set up a loader worker: one thread, and deaf to SIGINT and SIGTERM. A scheduler (SLURM, Kubernetes,
+    ``timeout``) and Ctrl-C signal every process of the job; the main process decides how the run stops and shuts its
+    workers down when it exits, so a worker that died of the signal would only cut the stop short."""
     torch.set_num_threads(1)      # numpy work per example; threads would fight over the cores the GPU feed needs
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def make_loader(dataset: ProteinDataset, sampler, batch_size: int, num_workers: int, *,

@@ -43,3 +43,18 @@ def random_batch(B: int, N: int, seed: int = 0, chains: int = 1) -> dict[str, to
             "asym_id": asym.clone(), "entity_id": torch.ones(B, N, dtype=torch.long), "sym_id": asym.clone(),
             "token_mask": torch.ones(B, N, dtype=torch.bool), "ca": ca,
             "cb": ca + torch.randn(B, N, 3, generator=g), "resolved": torch.ones(B, N, dtype=torch.bool)}
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor, scale: float | None = None) -> float:
+    """``|actual - expected| / scale`` in the Frobenius norm, in float64; ``scale`` defaults to ``|expected|``
+    (pass the norm of a whole set, e.g. all gradients, for a tensor that is zero up to rounding). Unlike an
+    elementwise tolerance it does not depend on how single near-zero elements round, so a bound derived from the
+    dtype's epsilon holds on any CPU whatever the order of its sums."""
+    diff = float((actual.detach().double() - expected.detach().double()).norm())
+    scale = float(expected.detach().double().norm()) if scale is None else scale
+    return diff / scale if scale > 0 else diff
+
+
+def double_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The batch with its floating-point features in float64 (for tests run in float64)."""
+    return {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}

@@ -9,9 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from safetensors.torch import load_file
+
+from mini_of3.config import Config, load_config
+
 REPO = Path(__file__).resolve().parents[2]
 SMALL_ENTRIES = ("1CRN", "1L2Y", "2OFG", "4ZEY", "1A7G")    # 46, 20, 111, 84, 82 residues (shared set)
 OFFLINE_ENTRIES = ("5PTI", "1BD2", "3PWP", "3KPR")         # the fallback when only the offline package is there
+CHECKPOINT_FILES = {"model.safetensors", "ema.safetensors", "optimizer.pt", "scheduler.pt", "rng_0.pt",
+                    "config.yaml", "trainer_state.json"}       # a complete checkpoint of a single-process run
 
 # The tiny model of tests/model/tiny.py, with pair dropout on (exact resume must replay the dropout masks) and two
 # recycles (so the per-step recycle count varies).
@@ -33,11 +39,17 @@ def tiny_overrides(prepared: Path, out_dir: Path, val_id: str, **extra) -> list[
     return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items()]
 
 
-def run_train(args: list[str], *, fault: str | None = None, stall: str | None = None, timeout: float = 300,
-              launcher: list[str] | None = None, script: str = "train.py") -> subprocess.CompletedProcess:
-    """``python train.py ARGS`` (or ``LAUNCHER SCRIPT ARGS``, e.g. with :func:`launcher`) in the repository root;
-    with ``fault``, the process SIGKILLs itself at that point (MINI_OF3_FAULT), with ``stall`` (``<point>@<step>/
-    <rank>``) that rank hangs there (MINI_OF3_STALL; see mini_of3.training.checkpoint.fault_point)."""
+def tiny_config(small_data: tuple[Path, str], out: Path, **extra) -> Config:
+    """The config of :func:`tiny_overrides` on top of configs/default.yaml, as train.py builds it, for an in-process
+    ``train``; ``small_data`` is conftest's (prepared folder, validation id)."""
+    prepared, val_id = small_data
+    return load_config(REPO / "configs" / "default.yaml", tiny_overrides(prepared, out, val_id, **extra))
+
+
+def train_env(fault: str | None = None, stall: str | None = None) -> dict[str, str]:
+    """The environment of a train.py subprocess: one thread, wandb offline and quiet, unbuffered output; with
+    ``fault``, the process SIGKILLs itself at that point (MINI_OF3_FAULT), with ``stall`` (``<point>@<step>/<rank>``)
+    that rank hangs there (MINI_OF3_STALL; see mini_of3.training.checkpoint.fault_point)."""
     # one thread: on a shared 2-core machine, two OpenMP threads wait on each other whenever another job holds a core
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true",
            "OMP_NUM_THREADS": "1"}
@@ -45,8 +57,23 @@ def run_train(args: list[str], *, fault: str | None = None, stall: str | None = 
         env.pop(name, None)
         if value is not None:
             env[name] = value
+    return env
+
+
+def run_train(args: list[str], *, fault: str | None = None, stall: str | None = None, timeout: float = 300,
+              launcher: list[str] | None = None, script: str = "train.py") -> subprocess.CompletedProcess:
+    """``python train.py ARGS`` (or ``LAUNCHER SCRIPT ARGS``, e.g. with :func:`launcher`) in the repository root,
+    in :func:`train_env` (``fault``, ``stall``)."""
     command = [*(launcher or [sys.executable]), script, *map(str, args)]
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command, cwd=REPO, env=train_env(fault, stall), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def start_train(args: list[str]) -> subprocess.Popen:
+    """``python train.py ARGS`` started in the background in :func:`train_env`, as the leader of a new process group
+    (``start_new_session``), so that a test can signal the whole job as a scheduler does (``os.killpg``)."""
+    return subprocess.Popen([sys.executable, "train.py", *map(str, args)], cwd=REPO, env=train_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def launcher(processes: int, *, fsdp: bool = False) -> list[str]:
@@ -95,6 +122,23 @@ def train_fsdp_on_cpu(argv: list[str]) -> int:
 def log_rows(run_dir: Path, split: str = "train") -> list[dict]:
     rows = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
     return [r for r in rows if r.get("split") == split]
+
+
+def assert_same_run(resumed: Path, reference: Path) -> None:
+    """A run folder that repeats the 6-step ``reference`` bitwise: every logged training loss and part, the final
+    validation, the final weights and EMA."""
+    got, want = log_rows(resumed), log_rows(reference)
+    assert [r["step"] for r in got] == list(range(1, 7)), [r["step"] for r in got]
+    for a, b in zip(got, want):
+        for key in ("loss", "distogram", "diffusion", "smooth_lddt", "plddt", "grad_norm", "lr", "recycles", "epoch"):
+            assert a[key] == b[key], (a["step"], key, a[key], b[key])
+    assert log_rows(resumed, "val")[-1]["lddt_ca"] == log_rows(reference, "val")[-1]["lddt_ca"]
+    for name in ("model.safetensors", "ema.safetensors"):
+        a = load_file(resumed / "checkpoints" / "step_6" / name)
+        b = load_file(reference / "checkpoints" / "step_6" / name)
+        assert a.keys() == b.keys()
+        different = [k for k in a if not a[k].equal(b[k])]
+        assert not different, f"{name}: {len(different)} tensors differ, e.g. {different[:3]}"
 
 
 def describe(done: subprocess.CompletedProcess) -> str:

@@ -5,27 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
 
 from mini_of3.training.checkpoint import list_checkpoints, resolve_checkpoint
 
-from .helpers import describe, log_rows, run_train, tiny_overrides
-
-
-def assert_same_run(resumed: Path, reference: Path) -> None:
-    """Bitwise: every logged training loss and part, the final validation, the final weights and EMA."""
-    got, want = log_rows(resumed), log_rows(reference)
-    assert [r["step"] for r in got] == list(range(1, 7)), [r["step"] for r in got]
-    for a, b in zip(got, want):
-        for key in ("loss", "distogram", "diffusion", "smooth_lddt", "plddt", "grad_norm", "lr", "recycles", "epoch"):
-            assert a[key] == b[key], (a["step"], key, a[key], b[key])
-    assert log_rows(resumed, "val")[-1]["lddt_ca"] == log_rows(reference, "val")[-1]["lddt_ca"]
-    for name in ("model.safetensors", "ema.safetensors"):
-        a = load_file(resumed / "checkpoints" / "step_6" / name)
-        b = load_file(reference / "checkpoints" / "step_6" / name)
-        assert a.keys() == b.keys()
-        different = [k for k in a if not a[k].equal(b[k])]
-        assert not different, f"{name}: {len(different)} tensors differ, e.g. {different[:3]}"
+from .helpers import assert_same_run, describe, log_rows, run_train, tiny_overrides
 
 
 def test_reference_run_varies_what_resume_must_replay(reference_run):

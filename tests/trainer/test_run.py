@@ -15,24 +15,17 @@ import torch
 import yaml
 
 import mini_of3.trainer as trainer_module
-from mini_of3.config import config_to_dict, load_config
+from mini_of3.config import config_to_dict
 from mini_of3.data import read_manifest
 from mini_of3.trainer import TrainingError, train
 from mini_of3.training.checkpoint import list_checkpoints, read_state
 
-from .helpers import REPO, describe, log_rows, run_train, tiny_overrides
+from .helpers import CHECKPOINT_FILES, REPO, describe, log_rows, run_train, tiny_config, tiny_overrides
 
 TRAIN_KEYS = {"step", "split", "loss", "distogram", "diffusion", "smooth_lddt", "plddt", "lr", "grad_norm", "recycles",
               "epoch", "step_s", "data_s", "skipped"}
 VAL_KEYS = {"step", "split", "lddt_ca", "rmsd", "tm_score", "contact_precision", "distogram_accuracy", "mean_plddt",
             "loss", "distogram", "diffusion", "smooth_lddt", "plddt", "val_s"}
-CHECKPOINT_FILES = {"model.safetensors", "ema.safetensors", "optimizer.pt", "scheduler.pt", "rng_0.pt",
-                    "config.yaml", "trainer_state.json"}
-
-
-def tiny_config(small_data, out: Path, **extra):
-    prepared, val_id = small_data                          # on top of configs/default.yaml, as train.py does
-    return load_config(REPO / "configs" / "default.yaml", tiny_overrides(prepared, out, val_id, **extra))
 
 
 def test_a_run_leaves_log_plots_config_and_checkpoints(reference_run, small_data):
