@@ -152,8 +152,7 @@ class DiffusionModule(nn.Module):
         self.blocks = nn.ModuleList(DiffusionTransformerBlock(c_token=c_token, c_s=c_s, c_z=c_z, n_heads=n_heads,
                                                               backend=backend) for _ in range(n_blocks))
         self.layer_norm_a = nn.LayerNorm(c_token)
-        self.linear_out = nn.Linear(c_token, 3, bias=False)
-        nn.init.zeros_(self.linear_out.weight)        # starts as the identity skip: D(x, t) = c_skip(t) x
+        self.linear_out = nn.Linear(c_token, 3, bias=False)     # zero at build (init.py): D(x, t) = c_skip(t) x
 
     def prepare(self, batch: dict[str, torch.Tensor], s_inputs: torch.Tensor, s_trunk: torch.Tensor,
                 z_trunk: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -167,7 +167,7 @@ def chain_bins(asym_id, entity_id, sym_id):
     """The index of the hot sym_id-offset bin (the last 2 s_max + 2 = 6 features) of each token pair."""
     m = RelativePositionEncoding(c_z=8)
     residue_index = torch.tensor([1, 2, 1, 2])
-    feats = m.features(*(torch.tensor(t)[None] for t in (residue_index, asym_id, entity_id, sym_id)))[0]
+    feats = m.features(*(torch.as_tensor(t)[None] for t in (residue_index, asym_id, entity_id, sym_id)))[0]
     return feats[..., -6:].argmax(-1)
 
 

@@ -3,7 +3,7 @@ import torch
 
 from mini_of3.model import build_model
 from structures import as_batch, read_tokens
-from tiny import pad_batch, tiny_config
+from tiny import pad_batch, perturb_zero_parameters, tiny_config
 
 N_EXTRA = 5
 
@@ -27,7 +27,7 @@ def real_outputs(model, batch, x_real, n):
 
 def test_padded_tokens_change_no_real_output_or_gradient():
     torch.manual_seed(0)
-    model = build_model(tiny_config(n_blocks=2)).eval()
+    model = perturb_zero_parameters(build_model(tiny_config(n_blocks=2))).eval()   # every update non-zero
     batch = as_batch(read_tokens("1L2Y"))
     n = batch["restype"].shape[1]
     x_real = batch["ca"][:, None].expand(1, 2, n, 3) + torch.randn(1, 2, n, 3)
@@ -46,5 +46,7 @@ def test_padded_tokens_change_no_real_output_or_gradient():
         if g is None:
             assert g_pad is None, name
             continue
-        torch.testing.assert_close(g_pad, g, rtol=1e-4, atol=1e-5, msg=name)
+        # float32 sums over N^2 pairs in another order: errors scale with the tensor's largest entry (~400 here),
+        # where a leak from padding would be of the order of the gradient itself
+        torch.testing.assert_close(g_pad, g, rtol=1e-4, atol=1e-5 + 1e-6 * float(g.abs().max()), msg=name)
     assert sum(g is not None for g in grads) > 0.9 * len(params)

@@ -43,3 +43,15 @@ def random_batch(B: int, N: int, seed: int = 0, chains: int = 1) -> dict[str, to
             "asym_id": asym.clone(), "entity_id": torch.ones(B, N, dtype=torch.long), "sym_id": asym.clone(),
             "token_mask": torch.ones(B, N, dtype=torch.bool), "ca": ca,
             "cb": ca + torch.randn(B, N, 3, generator=g), "resolved": torch.ones(B, N, dtype=torch.bool)}
+
+
+def perturb_zero_parameters(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """``model`` with every all-zero parameter (the residual updates' and heads' final layers, which start at zero,
+    and LayerNorm offsets) drawn from a seeded N(0, 1 / fan_in), for tests of a property (padding invariance, equal
+    gradients on two backends) that zero layers would satisfy trivially by blocking the signal."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if not p.any():
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * p.shape[-1] ** -0.5)
+    return model
