@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..config import DataConfig
 from .crop import crop_rng, crop_structure
-from .homology import Homologue, IdentityCache, entry_chains, find_homologues
+from .homology import ChainSequence, Homologue, IdentityCache, entry_chains, find_homologues
 from .manifest import ManifestRow, load_prepared, read_manifest
 from .tokens import FEATURE_NAMES, token_features
 
@@ -73,9 +73,14 @@ def validation_homologues(prepared: Path, rows: Sequence[ManifestRow], train: Se
     val = select_entries(rows, cfg, "val")
     if cfg.val_identity_cut is None or not val or not train:
         return []
-    chains = lambda r: entry_chains(load_prepared(prepared / r.npz), r.id)       # noqa: E731
-    val_chains = [c for r in val for c in chains(r)]
-    return find_homologues([chains(r) for r in train], val_chains, cfg.val_identity_cut, IdentityCache(prepared))
+    val_chains = [c for r in val for c in _chains(prepared, r)]
+    return find_homologues([_chains(prepared, r) for r in train], val_chains, cfg.val_identity_cut,
+                           IdentityCache(prepared))
+
+
+def _chains(prepared: Path, row: ManifestRow) -> list[ChainSequence]:
+    """The chain sequences of a prepared entry, one per entity."""
+    return entry_chains(load_prepared(prepared / row.npz), row.id)
 
 
 def sample_weights(rows: Sequence[ManifestRow], how: Literal["uniform", "length", "chains"]) -> np.ndarray:
