@@ -31,6 +31,8 @@ class DataConfig:
     offline_package: bool = True             # root empty -> fetch the mdanalysistests entries into root first
     val_ids: list[str] = field(default_factory=list)   # explicit validation entries (never trained on)
     val_after: str | None = None             # else: entries released after this date (YYYY-MM-DD) validate
+    val_identity_cut: float | None = 0.4     # training entries with a chain more identical than this to a validation
+                                             # chain are left out (AF3, OpenFold3: 0.4); None: split by entry id only
     crop_size: int = 256
     crop_weights: list[float] = field(default_factory=lambda: [0.2, 0.4, 0.4])  # contiguous, spatial, interface
     interface_distance: float = 15.0         # Angstrom, AF3 SI 2.7.2
@@ -233,6 +235,8 @@ def _validate(cfg: Config) -> None:
     _check(d.crop_size >= 1, "data.crop_size", d.crop_size, ">= 1")
     _check(len(d.crop_weights) == 3 and all(w >= 0 for w in d.crop_weights) and sum(d.crop_weights) > 0,
            "data.crop_weights", d.crop_weights, "three non-negative numbers, not all zero")
+    _check(d.val_identity_cut is None or 0.0 <= d.val_identity_cut <= 1.0, "data.val_identity_cut",
+           d.val_identity_cut, "a fraction in [0, 1] or null")
     _check(d.batch_size >= 1, "data.batch_size", d.batch_size, ">= 1")
     _check(d.num_workers >= 0, "data.num_workers", d.num_workers, ">= 0")
     _check(d.samples_per_epoch is None or d.samples_per_epoch >= 1, "data.samples_per_epoch", d.samples_per_epoch,

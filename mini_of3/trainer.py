@@ -431,6 +431,8 @@ class Trainer:
         self.say(f"mini_of3: {len(train)} training entries, validation: {val_ids} | model {params:.2f} M parameters "
                  f"| {self.acc.device}, {self.world} process(es), precision {self.acc.mixed_precision} | steps "
                  f"{self.step} -> {self.cfg.trainer.max_steps} | {self.out}")
+        for line in train.removal_report():
+            self.say(line)
 
     def _farewell(self, wall: float) -> None:
         def lddt(v):

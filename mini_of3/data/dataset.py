@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..config import DataConfig
 from .crop import crop_rng, crop_structure
+from .homology import ChainSequence, Homologue, IdentityCache, entry_chains, find_homologues
 from .manifest import ManifestRow, load_prepared, read_manifest
 from .tokens import FEATURE_NAMES, token_features
 
@@ -65,6 +66,24 @@ def select_entries(rows: Sequence[ManifestRow], cfg: DataConfig, split: Split) -
     return [r for r in kept if is_validation(r, cfg) == (split == "val")]
 
 
+def validation_homologues(prepared: Path, rows: Sequence[ManifestRow], train: Sequence[ManifestRow],
+                          cfg: DataConfig) -> list[Homologue]:
+    """The entries of ``train`` with a chain more than ``cfg.val_identity_cut`` identical to a chain of a validation
+    entry of ``rows`` (AF3's 40 % cut by default; :mod:`.homology`), each with its most identical pair; identities are
+    cached in ``prepared``."""
+    val = select_entries(rows, cfg, "val")
+    if cfg.val_identity_cut is None or not val or not train:
+        return []
+    val_chains = [c for r in val for c in _chains(prepared, r)]
+    return find_homologues([_chains(prepared, r) for r in train], val_chains, cfg.val_identity_cut,
+                           IdentityCache(prepared))
+
+
+def _chains(prepared: Path, row: ManifestRow) -> list[ChainSequence]:
+    """The chain sequences of a prepared entry, one per entity."""
+    return entry_chains(load_prepared(prepared / row.npz), row.id)
+
+
 def sample_weights(rows: Sequence[ManifestRow], how: Literal["uniform", "length", "chains"]) -> np.ndarray:
     """Relative sampling weight of each entry: uniform, by token count, or by chain count (a simple stand-in for
     AF3 SI 2.5.1, which samples chains and interfaces, so that entries with more chains come up more often)."""
@@ -84,7 +103,9 @@ def sample_weights(rows: Sequence[ManifestRow], how: Literal["uniform", "length"
 
 
 class ProteinDataset(Dataset):
-    """Cropped examples of the entries of a prepared folder (see :func:`select_entries` for ``split``).
+    """Cropped examples of the entries of a prepared folder (see :func:`select_entries` for ``split``); ``train``
+    also leaves out the entries homologous to a validation entry (:func:`validation_homologues`, listed in
+    ``removed`` and by :meth:`removal_report`).
 
     ``dataset[index]`` uses the current ``epoch`` (:meth:`set_epoch`); ``dataset[(index, epoch)]`` names it. Each
     item is a dict of tensors (:mod:`.tokens`) plus ``id``, ``pdb_id`` and ``crop_method``.
@@ -96,7 +117,13 @@ class ProteinDataset(Dataset):
         self.cfg = cfg
         self.split = split
         self.seed = seed
-        self.rows = select_entries(read_manifest(self.prepared) if rows is None else rows, cfg, split)
+        rows = read_manifest(self.prepared) if rows is None else rows
+        self.rows = select_entries(rows, cfg, split)
+        self.removed: list[Homologue] = []
+        if split == "train":
+            self.removed = validation_homologues(self.prepared, rows, self.rows, cfg)
+            homologous = {h.train.entry for h in self.removed}
+            self.rows = [r for r in self.rows if r.id not in homologous]
         if split == "val":
             found = {r.id.upper() for r in self.rows} | {r.pdb_id.upper() for r in self.rows}
             missing = sorted(v for v in cfg.val_ids if v.upper() not in found)
@@ -108,6 +135,10 @@ class ProteinDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def removal_report(self) -> list[str]:
+        """One line per training entry left out as a homologue of a validation chain (which chain, what identity)."""
+        return [h.line() for h in self.removed]
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -288,7 +319,9 @@ def build_dataloaders(cfg: DataConfig, prepared: str | Path, seed: int, rank: in
     """
     train = ProteinDataset(prepared, cfg, "train", seed)
     if len(train) == 0:
-        raise ValueError(f"{prepared}: no training entries left after the filters and the validation split")
+        raise ValueError(f"{prepared}: no training entries left after the filters and the validation split"
+                         + (f" ({len(train.removed)} removed as homologues of validation chains)" if train.removed
+                            else ""))
     sampler = EpochSampler(train.weights(), seed, num_samples=cfg.samples_per_epoch, rank=rank, world_size=world_size)
     val_set = ProteinDataset(prepared, cfg, "val", seed)
     val, val_real = None, 0

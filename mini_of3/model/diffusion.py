@@ -72,6 +72,23 @@ class DiffusionConditioning(nn.Module):
         return s
 
 
+def chain_interior(residue_index: torch.Tensor, asym_id: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """Tokens with a chain bond on both sides, where :func:`chain_binormals` is defined.
+
+    Tokens i and i + 1 are bonded when both are present, in the same chain (asym_id) and consecutive in its
+    sequence (residue_index steps by exactly 1): neighbours in a spatial or interface crop, or across an
+    unresolved stretch left out of the crop, may sit far apart and are not bonded.
+
+    residue_index, asym_id: [B, N]; present: [B, N] bool (real tokens; in training, real and resolved, since an
+    unresolved token's coordinates are a placeholder at the centre) -> interior [B, N] bool
+    """
+    bonded = (present[:, 1:] & present[:, :-1] & (asym_id[:, 1:] == asym_id[:, :-1])
+              & (residue_index[:, 1:] - residue_index[:, :-1] == 1))            # [B, N - 1]: i and i + 1 bonded
+    interior = torch.zeros_like(present)
+    interior[:, 1:-1] = bonded[:, :-1] & bonded[:, 1:]
+    return interior
+
+
 def chain_binormals(r: torch.Tensor, interior: torch.Tensor) -> torch.Tensor:
     """Unit normals of the chain's two bonds at each token, scaled by the sine of their angle:
     n_i = (r_i - r_(i-1)) x (r_(i+1) - r_i) / (|r_i - r_(i-1)| |r_(i+1) - r_i|), 0 where a neighbour is missing.
@@ -80,7 +97,7 @@ def chain_binormals(r: torch.Tensor, interior: torch.Tensor) -> torch.Tensor:
     local chirality (the handedness of helices), which AF3's atom encoder reads from the backbone atoms and a
     Calpha-only model would otherwise lack (without it, overfitted models sample mirror images).
 
-    r: [B, S, N, 3]; interior: [B, N] bool (token has a real predecessor and successor in its chain) -> [B, S, N, 3]
+    r: [B, S, N, 3]; interior: [B, N] bool (token bonded on both sides, :func:`chain_interior`) -> [B, S, N, 3]
     """
     before = r[:, :, 1:-1] - r[:, :, :-2]                                        # [B, S, N - 2, 3]
     after = r[:, :, 2:] - r[:, :, 1:-1]
@@ -135,21 +152,19 @@ class DiffusionModule(nn.Module):
         self.blocks = nn.ModuleList(DiffusionTransformerBlock(c_token=c_token, c_s=c_s, c_z=c_z, n_heads=n_heads,
                                                               backend=backend) for _ in range(n_blocks))
         self.layer_norm_a = nn.LayerNorm(c_token)
-        self.linear_out = nn.Linear(c_token, 3, bias=False)
-        nn.init.zeros_(self.linear_out.weight)        # starts as the identity skip: D(x, t) = c_skip(t) x
+        self.linear_out = nn.Linear(c_token, 3, bias=False)     # zero at build (init.py): D(x, t) = c_skip(t) x
 
     def prepare(self, batch: dict[str, torch.Tensor], s_inputs: torch.Tensor, s_trunk: torch.Tensor,
                 z_trunk: torch.Tensor) -> dict[str, torch.Tensor]:
         """Everything that does not depend on the noise level, computed once per trunk output.
 
         Returns a context: ``s`` [B, N, c_s], ``z`` [B, N, N, c_z], ``biases`` [n_blocks, B, H, N, N],
-        ``mask`` [B, N], ``interior`` [B, N] (a real predecessor and successor in the same chain).
+        ``mask`` [B, N], ``interior`` [B, N] (bonded to a real predecessor and successor, :func:`chain_interior`;
+        right for sampling, where every real token is generated; training replaces it with the resolved tokens').
         """
         z = self.conditioning.condition_pair(batch, z_trunk)
-        mask, asym = batch["token_mask"], batch["asym_id"]
-        linked = mask[:, 1:] & mask[:, :-1] & (asym[:, 1:] == asym[:, :-1])      # [B, N - 1]: i and i + 1 bonded
-        interior = torch.zeros_like(mask)
-        interior[:, 1:-1] = linked[:, :-1] & linked[:, 1:]
+        mask = batch["token_mask"]
+        interior = chain_interior(batch["residue_index"], batch["asym_id"], mask)
         return {
             "s": self.conditioning.condition_single(s_inputs, s_trunk),
             "z": z,

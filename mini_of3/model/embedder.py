@@ -12,9 +12,14 @@ class RelativePositionEncoding(nn.Module):
     """Relative position encoding of token pairs (AF3 SI Alg 3).
 
     Within a chain: clipped residue offset (2 r_max + 1 bins) and, for tokens of one residue, clipped token offset;
-    between chains: a "different chain" bin, and the clipped offset of the chains' sym_id (2 s_max + 1 bins, with
-    one more bin for "same chain"); plus a same-entity bit. One token per residue here, so the token index is the
-    residue index. The concatenated one-hots go through one LinearNoBias to c_z.
+    between chains: a "different chain" bin. Between tokens of one entity: the clipped offset of their chains'
+    sym_id (2 s_max + 1 bins; 0 within a chain); between entities: one more bin. Plus a same-entity bit. One token
+    per residue here, so the token index is the residue index. The concatenated one-hots go through one
+    LinearNoBias to c_z.
+
+    The SI's Alg 3 line 8 tests ``b_same_chain`` for the sym_id offset; AF3's released code
+    (``featurization.create_relative_encoding``), Boltz and OpenFold3 test the same entity, which is what makes the
+    offset mean something (the copies of one entity are numbered by sym_id); we follow the code.
 
     Parameters
     ----------
@@ -38,7 +43,7 @@ class RelativePositionEncoding(nn.Module):
         d_residue = torch.where(same_chain, (pair(residue_index) + r_max).clamp(0, 2 * r_max), 2 * r_max + 1)
         d_token = torch.where(same_chain & same_residue, (pair(residue_index) + r_max).clamp(0, 2 * r_max),
                               2 * r_max + 1)
-        d_chain = torch.where(~same_chain, (pair(sym_id) + s_max).clamp(0, 2 * s_max), 2 * s_max + 1)
+        d_chain = torch.where(same_entity, (pair(sym_id) + s_max).clamp(0, 2 * s_max), 2 * s_max + 1)
         return torch.cat([
             F.one_hot(d_residue, 2 * r_max + 2),
             F.one_hot(d_token, 2 * r_max + 2),

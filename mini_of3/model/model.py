@@ -5,9 +5,10 @@ import torch
 from torch import nn
 
 from mini_of3.config import ModelConfig
-from mini_of3.model.diffusion import DiffusionModule
+from mini_of3.model.diffusion import DiffusionModule, chain_interior
 from mini_of3.model.embedder import InputEmbedder
 from mini_of3.model.heads import DistogramHead, PLDDTHead, bin_boundaries
+from mini_of3.model.init import init_final_layers
 from mini_of3.model.pairformer import PairformerStack
 from mini_of3.model.sampler import centre_random_augmentation, randn, sample_diffusion, training_noise_levels
 
@@ -40,6 +41,7 @@ class MiniOF3(nn.Module):
             n_blocks=cfg.diffusion_blocks, n_heads=cfg.diffusion_heads, sigma_data=cfg.sigma_data,
             backend=cfg.tri_attn_backend, checkpointing=cfg.checkpointing)
         self.plddt_head = PLDDTHead(c_s=cfg.c_s, c_z=cfg.c_z, n_bins=cfg.plddt_bins)
+        init_final_layers(self)          # residual updates start at zero, distogram logits uniform (AF3)
 
     @property
     def coordinate_dtype(self) -> torch.dtype:
@@ -96,7 +98,9 @@ class MiniOF3(nn.Module):
         x = centre_random_augmentation(x, resolved, generator)
         sigma = training_noise_levels((B, S), cfg.sigma_data, generator, z.device, dtype)
         x_noisy = x + sigma[:, :, None, None] * randn((B, S, N, 3), generator, z.device, dtype)
-        out["diffusion_coords"] = self.diffusion(x_noisy, sigma, context)
+        # unresolved targets are placeholders at the centre: no chain bond to or through them
+        train_context = {**context, "interior": chain_interior(batch["residue_index"], batch["asym_id"], resolved)}
+        out["diffusion_coords"] = self.diffusion(x_noisy, sigma, train_context)
         out["diffusion_sigma"] = sigma
         out["sigma_data"] = torch.tensor(cfg.sigma_data)
         # pLDDT (AF3 SI 4.3): a mini-rollout without gradients; the head sees the detached trunk

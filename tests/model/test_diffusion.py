@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from mini_of3.metrics import rmsd_kabsch, superpose
-from mini_of3.model import build_model
-from mini_of3.model.diffusion import FourierEmbedding, chain_binormals
+from mini_of3.model import build_model, diffusion
+from mini_of3.model.diffusion import FourierEmbedding, chain_binormals, chain_interior
 from mini_of3.model.sampler import (centre_random_augmentation, noise_schedule, random_rotation, sample_diffusion,
                                     training_noise_levels)
 from structures import as_batch, read_tokens
@@ -130,3 +130,34 @@ def test_chain_binormals_turn_with_rotations_and_flip_with_reflections():
     interior = model.diffusion.prepare(batch, s_inputs, s, z)["interior"][0]
     expected = [0] + [1] * 8 + [0, 0] + [1] * 5 + [0] * 4
     assert interior.int().tolist() == expected
+
+
+def test_chain_bond_needs_consecutive_residues_and_resolved_ends(monkeypatch):
+    """A crop of 1L2Y with a gap (residues 1-8 then 13-20: tokens 7 and 8 are 4 residues apart in one chain) and
+    residue 4 unresolved: no binormal across the gap, and none at an unresolved token's neighbours when the
+    resolved mask is given (training), while sampling, which generates every token, links through it."""
+    tokens = read_tokens("1L2Y")
+    crop = torch.cat([torch.arange(0, 8), torch.arange(12, 20)])              # 16 tokens, gap after token 7
+    batch = {k: v[crop].clone()[None] for k, v in tokens.items()}
+    batch["resolved"][0, 3] = False                                            # residue 4
+    real, resolved = batch["token_mask"], batch["token_mask"] & batch["resolved"]
+    across_gap = [0] + [1] * 6 + [0, 0] + [1] * 6 + [0]
+    assert chain_interior(batch["residue_index"], batch["asym_id"], real)[0].int().tolist() == across_gap
+    without_4 = [0, 1, 0, 0, 0] + [1] * 2 + [0, 0] + [1] * 6 + [0]
+    assert chain_interior(batch["residue_index"], batch["asym_id"], resolved)[0].int().tolist() == without_4
+    r = batch["ca"].double()[:, None]                                          # [1, 1, 16, 3]
+    n = chain_binormals(r, chain_interior(batch["residue_index"], batch["asym_id"], resolved))
+    assert float(n[0, 0, [2, 3, 4, 7, 8]].abs().sum()) == 0.0
+    # the training forward gives the denoiser the resolved interior, the pLDDT rollout (sampling) the real one
+    seen = []
+
+    def spy(r, interior):
+        seen.append(interior[0].int().tolist())
+        return chain_binormals(r, interior)
+
+    torch.manual_seed(0)
+    model = build_model(tiny_config())
+    monkeypatch.setattr(diffusion, "chain_binormals", spy)
+    model(batch, n_recycles=0, generator=torch.Generator().manual_seed(0))
+    assert seen[0] == without_4
+    assert seen[1:] and all(interior == across_gap for interior in seen[1:])

@@ -133,7 +133,7 @@ def test_attention_pair_bias_alg24(conditioned):
 
 
 def relpos_loops(residue_index, asym_id, entity_id, sym_id, r_max=32, s_max=2):
-    """AF3 SI Alg 3 written pair by pair."""
+    """AF3 SI Alg 3 written pair by pair, with the sym_id offset keyed on the entity as AF3's released code."""
     n = len(residue_index)
     out = torch.zeros(n, n, 2 * (2 * r_max + 2) + 1 + 2 * s_max + 2)
     for i in range(n):
@@ -143,7 +143,8 @@ def relpos_loops(residue_index, asym_id, entity_id, sym_id, r_max=32, s_max=2):
             off = int(residue_index[i] - residue_index[j])
             d_res = min(max(off + r_max, 0), 2 * r_max) if same_chain else 2 * r_max + 1
             d_tok = min(max(off + r_max, 0), 2 * r_max) if same_chain and same_res else 2 * r_max + 1
-            d_chain = min(max(int(sym_id[i] - sym_id[j]) + s_max, 0), 2 * s_max) if not same_chain else 2 * s_max + 1
+            same_entity = entity_id[i] == entity_id[j]
+            d_chain = min(max(int(sym_id[i] - sym_id[j]) + s_max, 0), 2 * s_max) if same_entity else 2 * s_max + 1
             out[i, j, d_res] = 1
             out[i, j, 2 * r_max + 2 + d_tok] = 1
             out[i, j, 4 * r_max + 4] = float(entity_id[i] == entity_id[j])
@@ -160,6 +161,26 @@ def test_relative_position_encoding_alg3():
     feats = m.features(*(t[None] for t in (residue_index, asym_id, entity_id, sym_id)))[0]
     torch.testing.assert_close(feats, relpos_loops(residue_index, asym_id, entity_id, sym_id))
     assert feats.shape[-1] == m.n_features == 139
+
+
+def chain_bins(asym_id, entity_id, sym_id):
+    """The index of the hot sym_id-offset bin (the last 2 s_max + 2 = 6 features) of each token pair."""
+    m = RelativePositionEncoding(c_z=8)
+    residue_index = torch.tensor([1, 2, 1, 2])
+    feats = m.features(*(torch.as_tensor(t)[None] for t in (residue_index, asym_id, entity_id, sym_id)))[0]
+    return feats[..., -6:].argmax(-1)
+
+
+def test_relative_chain_feature_bins_sym_offset_within_an_entity():
+    """Two chains of two tokens, s_max = 2 (bins 0..4 for offsets -2..2, bin 5 for 'another entity'), worked by
+    hand from AF3's create_relative_encoding. The SI's typo (keyed on the chain) would give bin 5 within each chain
+    and the offset bin between the heterodimer's chains."""
+    # homodimer: one entity, sym_id 0 and 1 -> offset 0 within a chain (bin 2), -1 / +1 between chains (bins 1 / 3)
+    homo = chain_bins([0, 0, 1, 1], [0, 0, 0, 0], [0, 0, 1, 1])
+    assert homo.tolist() == [[2, 2, 1, 1], [2, 2, 1, 1], [3, 3, 2, 2], [3, 3, 2, 2]]
+    # heterodimer: two entities, each chain sym_id 0 -> bin 2 within a chain, the spare bin 5 between them
+    hetero = chain_bins([0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 0, 0])
+    assert hetero.tolist() == [[2, 2, 5, 5], [2, 2, 5, 5], [5, 5, 2, 2], [5, 5, 2, 2]]
 
 
 def test_input_embedder_alg1_lines_1_to_4():

@@ -5,7 +5,7 @@ import torch
 from mini_of3.config import LossConfig
 from mini_of3.losses import compute_losses
 from mini_of3.model import MiniOF3, build_model
-from tiny import random_batch, tiny_config
+from tiny import perturb_zero_parameters, random_batch, tiny_config
 
 B, N = 2, 18
 
@@ -67,6 +67,7 @@ def test_activation_checkpointing_changes_nothing_but_memory():
     for checkpointing in (False, True):
         torch.manual_seed(0)
         model = build_model(tiny_config(checkpointing=checkpointing, pair_dropout=0.25, n_blocks=2))
+        perturb_zero_parameters(model)                                 # dropout acts on non-zero updates
         torch.manual_seed(1)                                           # the same dropout masks in both runs
         out = model(batch, n_recycles=0, generator=torch.Generator().manual_seed(0))
         loss, _ = compute_losses(out, batch, LossConfig())

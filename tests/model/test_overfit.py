@@ -1,4 +1,5 @@
 """Learning on one real protein: the distogram loss falls (fast); sampled structures converge on it (slow)."""
+import math
 import time
 
 import torch
@@ -40,11 +41,14 @@ def train(model, batch, steps, lr, seed=0, log_every=0):
 
 
 def test_tiny_model_halves_the_distogram_loss_on_one_real_protein():
+    """The zero-initialised head starts at the uniform guess, log(64) = 4.16, so halving it is learning, not
+    undoing a worse-than-uniform start (at seed 0: 2.50 after 100 steps, 0.59 after 150)."""
     torch.manual_seed(0)
     batch = as_batch(read_tokens("1L2Y"))                           # Trp-cage, 20 residues
     model = build_model(tiny_config())
     before = eval_distogram_loss(model, batch)
-    train(model, batch, steps=100, lr=3e-3)
+    assert before == pytest.approx(math.log(64))
+    train(model, batch, steps=150, lr=3e-3)
     after = eval_distogram_loss(model, batch)
     assert after <= 0.5 * before, (before, after)
 

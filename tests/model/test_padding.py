@@ -9,7 +9,7 @@ import torch
 
 from mini_of3.model import build_model
 from structures import as_batch, read_tokens
-from tiny import double_batch, pad_batch, relative_error, tiny_config
+from tiny import double_batch, pad_batch, perturb_zero_parameters, relative_error, tiny_config
 
 N_EXTRA = 5
 REL = 1e-10                     # float64 rounding of these sums is ~1e-15 relative
@@ -35,7 +35,7 @@ def real_outputs(model, batch, x_real, n):
 
 def test_padded_tokens_change_no_real_output_or_gradient():
     torch.manual_seed(0)
-    model = build_model(tiny_config(n_blocks=2)).double().eval()
+    model = perturb_zero_parameters(build_model(tiny_config(n_blocks=2))).double().eval()   # every update non-zero
     batch = double_batch(as_batch(read_tokens("1L2Y")))
     n = batch["restype"].shape[1]
     x_real = batch["ca"][:, None].expand(1, 2, n, 3) + torch.randn(1, 2, n, 3, dtype=torch.float64)

@@ -58,3 +58,15 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor, scale: float | 
 def double_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The batch with its floating-point features in float64 (for tests run in float64)."""
     return {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}
+
+
+def perturb_zero_parameters(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """``model`` with every all-zero parameter (the residual updates' and heads' final layers, which start at zero,
+    and LayerNorm offsets) drawn from a seeded N(0, 1 / fan_in), for tests of a property (padding invariance, equal
+    gradients on two backends) that zero layers would satisfy trivially by blocking the signal."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if not p.any():
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * p.shape[-1] ** -0.5)
+    return model
