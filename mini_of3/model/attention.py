@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mini_of3.model.norm import LayerNorm
 from mini_of3.model.projections import pair_bias_heads_first
 from mini_of3.model.transition import AdaLN
 from mini_of3.model.tri_attn_backends import pair_bias_attention
@@ -32,11 +33,11 @@ class AttentionPairBias(nn.Module):
             raise ValueError(f"AttentionPairBias: c_a={c_a} must be a multiple of n_heads={n_heads}")
         self.n_heads, self.head_dim = n_heads, c_a // n_heads
         self.conditioned = c_s is not None
-        self.norm_a = AdaLN(c_a=c_a, c_s=c_s) if self.conditioned else nn.LayerNorm(c_a)
+        self.norm_a = AdaLN(c_a=c_a, c_s=c_s) if self.conditioned else LayerNorm(c_a)
         self.linear_q = nn.Linear(c_a, c_a)
         self.linear_k = nn.Linear(c_a, c_a, bias=False)
         self.linear_v = nn.Linear(c_a, c_a, bias=False)
-        self.layer_norm_z = nn.LayerNorm(c_z)
+        self.layer_norm_z = LayerNorm(c_z)
         self.linear_b = nn.Linear(c_z, n_heads, bias=False)
         self.linear_g = nn.Linear(c_a, c_a, bias=False)
         self.linear_o = nn.Linear(c_a, c_a, bias=False)

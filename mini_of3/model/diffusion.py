@@ -13,6 +13,7 @@ from torch.utils.checkpoint import checkpoint
 
 from mini_of3.model.attention import AttentionPairBias
 from mini_of3.model.embedder import RelativePositionEncoding
+from mini_of3.model.norm import LayerNorm
 from mini_of3.model.transition import ConditionedTransitionBlock, Transition
 
 
@@ -41,13 +42,13 @@ class DiffusionConditioning(nn.Module):
         super().__init__()
         self.sigma_data = sigma_data
         self.relpos = RelativePositionEncoding(c_z=c_z)
-        self.layer_norm_z = nn.LayerNorm(2 * c_z)
+        self.layer_norm_z = LayerNorm(2 * c_z)
         self.linear_z = nn.Linear(2 * c_z, c_z, bias=False)
         self.pair_transitions = nn.ModuleList(Transition(c=c_z, n=2) for _ in range(2))
-        self.layer_norm_s = nn.LayerNorm(c_s + c_inputs)
+        self.layer_norm_s = LayerNorm(c_s + c_inputs)
         self.linear_s = nn.Linear(c_s + c_inputs, c_s, bias=False)
         self.fourier = FourierEmbedding(c=c_fourier)
-        self.layer_norm_n = nn.LayerNorm(c_fourier)
+        self.layer_norm_n = LayerNorm(c_fourier)
         self.linear_n = nn.Linear(c_fourier, c_s, bias=False)
         self.single_transitions = nn.ModuleList(Transition(c=c_s, n=2) for _ in range(2))
 
@@ -147,11 +148,11 @@ class DiffusionModule(nn.Module):
         self.conditioning = DiffusionConditioning(c_s=c_s, c_z=c_z, c_inputs=c_inputs, sigma_data=sigma_data)
         self.linear_r = nn.Linear(3, c_token, bias=False)
         self.linear_binormal = nn.Linear(3, c_token, bias=False)
-        self.layer_norm_s = nn.LayerNorm(c_s)
+        self.layer_norm_s = LayerNorm(c_s)
         self.linear_s = nn.Linear(c_s, c_token, bias=False)
         self.blocks = nn.ModuleList(DiffusionTransformerBlock(c_token=c_token, c_s=c_s, c_z=c_z, n_heads=n_heads,
                                                               backend=backend) for _ in range(n_blocks))
-        self.layer_norm_a = nn.LayerNorm(c_token)
+        self.layer_norm_a = LayerNorm(c_token)
         self.linear_out = nn.Linear(c_token, 3, bias=False)     # zero at build (init.py): D(x, t) = c_skip(t) x
 
     def prepare(self, batch: dict[str, torch.Tensor], s_inputs: torch.Tensor, s_trunk: torch.Tensor,

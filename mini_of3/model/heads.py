@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mini_of3.model.norm import LayerNorm
 from mini_of3.model.transition import Transition
 
 
@@ -49,14 +50,14 @@ class PLDDTHead(nn.Module):
     def __init__(self, *, c_s: int, c_z: int, n_bins: int = 50, c_pair: int = 32, n_distance_bins: int = 11) -> None:
         super().__init__()
         self.n_distance_bins = n_distance_bins
-        self.layer_norm_s = nn.LayerNorm(c_s)
+        self.layer_norm_s = LayerNorm(c_s)
         self.linear_s = nn.Linear(c_s, c_s, bias=False)
-        self.layer_norm_z = nn.LayerNorm(c_z)
+        self.layer_norm_z = LayerNorm(c_z)
         self.linear_z = nn.Linear(c_z, c_pair, bias=False)
         self.embed_distance = nn.Embedding(n_distance_bins, c_pair)
         self.linear_pair_to_single = nn.Linear(c_pair, c_s, bias=False)
         self.transition = Transition(c=c_s, n=2)
-        self.layer_norm_out = nn.LayerNorm(c_s)
+        self.layer_norm_out = LayerNorm(c_s)
         self.linear_out = nn.Linear(c_s, n_bins)
 
     def forward(self, s: torch.Tensor, z: torch.Tensor, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ from mini_of3.model.diffusion import DiffusionModule, chain_interior
 from mini_of3.model.embedder import InputEmbedder
 from mini_of3.model.heads import DistogramHead, PLDDTHead, bin_boundaries
 from mini_of3.model.init import init_final_layers
+from mini_of3.model.norm import LayerNorm
 from mini_of3.model.pairformer import PairformerStack
 from mini_of3.model.sampler import centre_random_augmentation, randn, sample_diffusion, training_noise_levels
 
@@ -25,9 +26,9 @@ class MiniOF3(nn.Module):
         self.cfg = cfg
         self.embedder = InputEmbedder(c_s=cfg.c_s, c_z=cfg.c_z)
         # recycling (Alg 1 lines 8 and 11): the previous cycle's z and s enter through LayerNorm + LinearNoBias
-        self.layer_norm_z_cycle = nn.LayerNorm(cfg.c_z)
+        self.layer_norm_z_cycle = LayerNorm(cfg.c_z)
         self.linear_z_cycle = nn.Linear(cfg.c_z, cfg.c_z, bias=False)
-        self.layer_norm_s_cycle = nn.LayerNorm(cfg.c_s)
+        self.layer_norm_s_cycle = LayerNorm(cfg.c_s)
         self.linear_s_cycle = nn.Linear(cfg.c_s, cfg.c_s, bias=False)
         self.pairformer = PairformerStack(
             n_blocks=cfg.n_blocks, checkpointing=cfg.checkpointing, c_s=cfg.c_s, c_z=cfg.c_z,

@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mini_of3.model.norm import LayerNorm
+
 
 class Transition(nn.Module):
     """Transition layer (AF3 SI Alg 11): LayerNorm, then a SwiGLU of width n * c, then back to c.
@@ -17,7 +19,7 @@ class Transition(nn.Module):
 
     def __init__(self, *, c: int, n: int = 4) -> None:
         super().__init__()
-        self.layer_norm = nn.LayerNorm(c)
+        self.layer_norm = LayerNorm(c)
         self.linear_a = nn.Linear(c, n * c, bias=False)
         self.linear_b = nn.Linear(c, n * c, bias=False)
         self.linear_out = nn.Linear(n * c, c, bias=False)
@@ -36,8 +38,8 @@ class AdaLN(nn.Module):
 
     def __init__(self, *, c_a: int, c_s: int) -> None:
         super().__init__()
-        self.layer_norm_a = nn.LayerNorm(c_a, elementwise_affine=False)
-        self.layer_norm_s = nn.LayerNorm(c_s, bias=False)
+        self.layer_norm_a = LayerNorm(c_a, elementwise_affine=False)
+        self.layer_norm_s = LayerNorm(c_s, bias=False)
         self.linear_scale = nn.Linear(c_s, c_a)
         self.linear_shift = nn.Linear(c_s, c_a, bias=False)
 

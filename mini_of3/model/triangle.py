@@ -6,6 +6,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from mini_of3.model.norm import LayerNorm
 from mini_of3.model.projections import pair_bias_heads_first
 from mini_of3.model.tri_attn_backends import tri_attn_backend
 from mini_of3.model.tri_mul_backends import tri_mul_backend
@@ -32,10 +33,10 @@ class TriangleMultiplication(nn.Module):
         if direction not in ("outgoing", "incoming"):
             raise ValueError(f"TriangleMultiplication: direction must be 'outgoing' or 'incoming', got {direction!r}")
         self.direction = direction
-        self.norm_in = nn.LayerNorm(c_z)
+        self.norm_in = LayerNorm(c_z)
         self.p_in = nn.Linear(c_z, 2 * c_hidden, bias=False)
         self.g_in = nn.Linear(c_z, 2 * c_hidden, bias=False)
-        self.norm_out = nn.LayerNorm(c_hidden)
+        self.norm_out = LayerNorm(c_hidden)
         self.p_out = nn.Linear(c_hidden, c_z, bias=False)
         self.g_out = nn.Linear(c_z, c_z, bias=False)
         self.update = tri_mul_backend(backend)
@@ -75,7 +76,7 @@ class TriangleAttention(nn.Module):
         if node not in ("starting", "ending"):
             raise ValueError(f"TriangleAttention: node must be 'starting' or 'ending', got {node!r}")
         self.node, self.n_heads, self.head_dim = node, n_heads, c_hidden
-        self.layer_norm = nn.LayerNorm(c_z)
+        self.layer_norm = LayerNorm(c_z)
         self.linear_q = nn.Linear(c_z, n_heads * c_hidden, bias=False)
         self.linear_k = nn.Linear(c_z, n_heads * c_hidden, bias=False)
         self.linear_v = nn.Linear(c_z, n_heads * c_hidden, bias=False)
