@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import mini_of3.kernels as kernels
+from mini_of3.model.norm import layer_norm
 from mini_of3.model.tri_attn_backends import import_anchor
 
 TRI_MUL_BACKENDS = ("auto", "mini_of3", "torch", "cueq")
@@ -37,6 +38,12 @@ def triangle_multiplication_torch(
 ) -> torch.Tensor:
     """Triangle multiplicative update, outgoing (AF3 SI Alg 12) or incoming (Alg 13), in plain PyTorch.
 
+    Channels first, so that no step copies a permuted tensor: one GEMM, W @ x^T, writes the projections as
+    [B, 4 h, N * N]; the contraction is then one batched matrix product per channel (a_c b_c^T, outgoing, or
+    a_c^T b_c, incoming) on the tensor cores, in the projections' dtype with float32 accumulation; the second layer
+    norm runs over the channel axis of [B, h, N * N] (a coalesced reduction), in float32; and the output projection
+    reads that transposed (a GEMM operand, not a copy).
+
     Parameters
     ----------
     z : [B, N, N, C] pair representation
@@ -51,19 +58,24 @@ def triangle_multiplication_torch(
     """
     if direction not in ("outgoing", "incoming"):
         raise ValueError(f"direction must be 'outgoing' or 'incoming', got {direction!r}")
-    x = F.layer_norm(z, z.shape[-1:], norm_in_weight, norm_in_bias, eps)        # [B, N, N, C]
-    ab = F.linear(x, p_in_weight) * torch.sigmoid(F.linear(x, g_in_weight))       # [B, N, N, 2h]
+    B, N, _, C = z.shape
+    h2 = p_in_weight.shape[0]                                                      # 2 h: a and b
+    x = layer_norm(z, norm_in_weight, norm_in_bias, eps)                          # [B, N, N, C]
+    xt = x.reshape(B, N * N, C).mT                                                # [B, C, N N], a view
+    pg = torch.matmul(torch.cat([p_in_weight, g_in_weight]), xt)                  # [B, 4 h, N N]
+    ab = pg[:, :h2] * torch.sigmoid(pg[:, h2:])                                   # [B, 2 h, N N]
     if mask is not None:
-        ab = ab * mask[..., None].to(ab.dtype)
-    wide = torch.float32 if ab.dtype in (torch.float16, torch.bfloat16) else ab.dtype
-    a, b = ab.to(wide).chunk(2, dim=-1)                   # sums over k of N products: at least fp32
-    if direction == "outgoing":
-        t = torch.einsum("bikc,bjkc->bijc", a, b)          # [B, N, N, h]
-    else:
-        t = torch.einsum("bkic,bkjc->bijc", a, b)
-    t = F.layer_norm(t, t.shape[-1:], norm_out_weight.to(wide), norm_out_bias.to(wide), eps)
+        ab = ab * mask.reshape(B, 1, N * N).to(ab.dtype)
+    a, b = ab.view(B, h2, N, N).split(h2 // 2, dim=1)                             # [B, h, N, N] each
+    t = a @ b.mT if direction == "outgoing" else a.mT @ b                         # [B, h, N(i), N(j)]
+    t = t.reshape(B, h2 // 2, N * N)
+    wide = torch.promote_types(t.dtype, torch.float32)
+    var, mean = torch.var_mean(t.to(wide), dim=1, unbiased=False, keepdim=True)  # [B, 1, N N]
+    t = (t - mean) * torch.rsqrt(var + eps)
+    t = t * norm_out_weight.to(wide)[:, None] + norm_out_bias.to(wide)[:, None]   # [B, h, N N]
+    out = torch.matmul(t.mT.to(p_out_weight.dtype), p_out_weight.mT)              # [B, N N, C]
     g = torch.sigmoid(F.linear(x, g_out_weight))                                  # [B, N, N, C]
-    return g * F.linear(t.to(p_out_weight.dtype), p_out_weight)
+    return g * out.view(B, N, N, C)
 
 
 def _cueq(fn) -> Callable:
