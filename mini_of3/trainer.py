@@ -35,6 +35,7 @@ from .config import Config, ConfigError, config_to_dict, save_config
 from .data import build_dataloaders, collate, prepare_data
 from .losses import compute_losses
 from .model import build_model
+from .model.compiled import compile_blocks, uncompile_blocks
 from .training import checkpoint as ckpt
 from .training.ema import EMA
 from .training.optim import build_optimizer, derived_seed, recycles_for_step
@@ -159,26 +160,28 @@ class Trainer:
         return self.acc.prepare(model, optimizer, scheduler)
 
     def _compile(self, model: torch.nn.Module) -> torch.nn.Module:
-        """``torch.compile`` the model and run one forward and backward on a real example; on any failure, warn
-        and train without compiling. Later failures of single functions fall back to eager (suppress_errors)."""
+        """Compile the model's repeated blocks (:func:`mini_of3.model.compiled.compile_blocks`: one graph for all
+        Pairformer blocks, one for the diffusion transformer's) and run one forward and backward on a real example;
+        on any failure, warn and train with eager blocks. Later failures of single graphs fall back to eager
+        (suppress_errors)."""
         import torch._dynamo
         torch._dynamo.config.suppress_errors = True
         example = self._to_device(collate([self.loaders.train.dataset[(0, 0)]]))
         try:
-            compiled = torch.compile(model, dynamic=False)  # n_recycles specialises: one graph per count
+            compile_blocks(self.plain)
             with torch.random.fork_rng(devices=[]):
-                outputs = compiled(example, n_recycles=0, generator=self._generator(2, 0, 0))
+                outputs = model(example, n_recycles=0, generator=self._generator(2, 0, 0))
                 self.acc.backward(compute_losses(outputs, example, self.cfg.loss)[0])
             self.optimizer.zero_grad(set_to_none=True)
-            self.say("trainer.compile: the model is compiled")
-            return compiled
+            self.say("trainer.compile: the Pairformer and diffusion blocks are compiled")
         except Exception as err:                             # noqa: BLE001 - any compiler failure means eager
             self.optimizer.zero_grad(set_to_none=True)
+            uncompile_blocks(self.plain)
             torch._dynamo.reset()
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
             warnings.warn(f"trainer.compile=true: torch.compile failed ({type(err).__name__}: {first}); "
                           f"training without compiling")
-            return model
+        return model
 
     def _load(self, folder: Path) -> None:
         """Restore the training state of a checkpoint, and the step and data position to continue from."""

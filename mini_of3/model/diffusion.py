@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from mini_of3.model.attention import AttentionPairBias
+from mini_of3.model.compiled import run_block
 from mini_of3.model.embedder import RelativePositionEncoding
 from mini_of3.model.norm import LayerNorm
 from mini_of3.model.transition import ConditionedTransitionBlock, Transition
@@ -154,6 +155,7 @@ class DiffusionModule(nn.Module):
                                                               backend=backend) for _ in range(n_blocks))
         self.layer_norm_a = LayerNorm(c_token)
         self.linear_out = nn.Linear(c_token, 3, bias=False)     # zero at build (init.py): D(x, t) = c_skip(t) x
+        self.run_block = run_block          # compiled by mini_of3.model.compiled.compile_blocks
 
     def prepare(self, batch: dict[str, torch.Tensor], s_inputs: torch.Tensor, s_trunk: torch.Tensor,
                 z_trunk: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -186,8 +188,8 @@ class DiffusionModule(nn.Module):
         for block, bias in zip(self.blocks, context["biases"]):
             args = (a, s, context["z"], context["mask"], bias)
             if self.checkpointing and torch.is_grad_enabled():
-                a = checkpoint(block, *args, use_reentrant=False)
+                a = checkpoint(self.run_block, block, *args, use_reentrant=False)
             else:
-                a = block(*args)
+                a = self.run_block(block, *args)
         r_update = self.linear_out(self.layer_norm_a(a)).to(x_noisy.dtype)     # [B, S, N, 3]
         return sd ** 2 / (sd ** 2 + t4 ** 2) * x_noisy + sd * t4 / torch.sqrt(sd ** 2 + t4 ** 2) * r_update

@@ -6,6 +6,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from mini_of3.model.attention import AttentionPairBias
+from mini_of3.model.compiled import run_block
 from mini_of3.model.transition import Transition
 from mini_of3.model.triangle import TriangleAttention, TriangleMultiplication
 
@@ -85,12 +86,13 @@ class PairformerStack(nn.Module):
         super().__init__()
         self.checkpointing = checkpointing
         self.blocks = nn.ModuleList(PairformerBlock(**block_kwargs) for _ in range(n_blocks))
+        self.run_block = run_block          # compiled by mini_of3.model.compiled.compile_blocks
 
     def forward(self, s: torch.Tensor, z: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """s: [B, N, c_s], z: [B, N, N, c_z], mask: [B, N] bool -> (s, z)."""
         for block in self.blocks:
             if self.checkpointing and torch.is_grad_enabled():
-                s, z = checkpoint(block, s, z, mask, use_reentrant=False)
+                s, z = checkpoint(self.run_block, block, s, z, mask, use_reentrant=False)
             else:
-                s, z = block(s, z, mask)
+                s, z = self.run_block(block, s, z, mask)
         return s, z

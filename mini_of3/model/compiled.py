@@ -1,0 +1,39 @@
+"""One compiled function runs every block of a stack: the Pairformer's and the diffusion transformer's.
+
+``torch.compile`` of a whole training forward unrolls 12 Pairformer blocks and the pLDDT rollout's 20 denoiser calls
+into one graph (minutes of compiling, recompiled per crop size). The blocks of a stack share their code, so one
+compiled ``run_block(block, *inputs)`` serves them all (the parameters are the graph's inputs, not constants), with
+no graph break inside a block: the attention kernels are ``torch.library`` custom ops, opaque to the compiler. The
+stacks call ``run_block`` inside activation checkpointing, so the recomputation runs compiled too.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def run_block(block: nn.Module, *inputs):
+    """The eager way to run a block (what the stacks use until :func:`compile_blocks`)."""
+    return block(*inputs)
+
+
+def compile_blocks(model: nn.Module) -> list[nn.Module]:
+    """Give every stack in ``model`` (a module with a ``run_block`` attribute) a compiled ``run_block``; returns
+    the stacks. Shapes are dynamic after the first recompilation (crops of other sizes reuse the graph)."""
+    compiled = torch.compile(run_block)
+    stacks = [m for m in model.modules() if hasattr(m, "run_block")]
+    for stack in stacks:
+        _set(stack, compiled)
+    return stacks
+
+
+def uncompile_blocks(model: nn.Module) -> None:
+    """Back to eager blocks (after a failed compilation)."""
+    for stack in model.modules():
+        if hasattr(stack, "run_block"):
+            _set(stack, run_block)
+
+
+def _set(stack: nn.Module, fn) -> None:
+    """A plain attribute, never a registered child (whatever ``fn`` is), so no state dict or ``.to()`` sees it."""
+    object.__setattr__(stack, "run_block", fn)
