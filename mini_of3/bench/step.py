@@ -9,6 +9,7 @@ state, the first step's loss (the same weights and noise for every arm: it must 
 where one profiled step spent its GPU time (:func:`breakdown`).
 
     python -m mini_of3.bench step configs/crop384.yaml --crops 256,768 --arms mini_of3+cueq,cueq+cueq
+    python -m mini_of3.bench step configs/crop384.yaml --tag compiled trainer.compile=true   (blocks compiled)
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from mini_of3.bench.common import package_versions, print_table, result_header, 
 from mini_of3.config import ConfigError, load_config
 from mini_of3.losses import compute_losses
 from mini_of3.model import build_model
+from mini_of3.model.compiled import compile_blocks
 from mini_of3.model.tri_attn_backends import TRI_ATTN_BACKENDS
 from mini_of3.model.tri_mul_backends import TRI_MUL_BACKENDS
 from mini_of3.training.optim import build_optimizer
@@ -93,6 +95,8 @@ class Arm:
         self.name, self.cfg, self.device = name, cfg, device
         self.model = build_model(replace(cfg.model, tri_attn_backend=attn, tri_mul_backend=mul)).to(device)
         self.model.load_state_dict(state)
+        if cfg.trainer.compile:           # trainer.compile=true on the command line: the blocks compiled, as in training
+            compile_blocks(self.model)
         self.optimizer, _ = build_optimizer(self.model, cfg.optim)
         self.times: dict[int, list[float]] = {}
         self.slow_from: int | None = None          # the first crop at which a step took longer than SLOW_STEP_S
