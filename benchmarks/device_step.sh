@@ -3,7 +3,7 @@
 # the backends swapped. Carry .whl (../shared/tools/anchor_wheels.sh) and .device (prepared entries:
 # python -m mini_of3.data.prepare ../shared/data/mmcif .device/data/cache).
 #   MINI_OF3_COMMIT=<hash> bash benchmarks/device_step.sh TAG [STEPS] [CROPS] [ARMS] [KERNEL_NS]
-# STEPS: any of kernels, step (default both). Writes $OUT/kernels_layouts_<TAG>.json/.png, $OUT/step_<TAG>.json/.png.
+# STEPS: any of kernels, step, block (default kernels,step); MINI_OF3_BLOCK_IMPLS: block's impls. Writes $OUT/kernels_layouts_<TAG>.json/.png, $OUT/step_<TAG>.json/.png.
 set -u
 tag=${1:-dev}; steps=${2:-kernels,step}; crops=${3:-256,384,512,640,768}
 arms=${4:-mini_of3+cueq,cueq+cueq,trifast+cueq,of3_triton+cueq,mini_of3+torch,torch+torch}; kns=${5:-768}
@@ -32,4 +32,9 @@ for r in rows:
         print(r["impl"], {k: round(v) for k, v in r["breakdown_ms"].items()})
         print("   top:", [(n[:40], round(ms, 1), c) for n, ms, c in r["top_kernels"][:6]])
 PY
+fi
+if [[ $steps == *block* ]]; then
+  timeout ${MINI_OF3_BLOCK_LIMIT:-300} python3 -m mini_of3.bench block configs/crop384.yaml --ns "$crops" \
+    --impls "${MINI_OF3_BLOCK_IMPLS:-torch,mini_of3,cueq,torch_compile}" --out "$OUT" --tag "$tag" 2>&1 \
+    | grep -v 'Warning\|warn' | tail -45
 fi
