@@ -24,8 +24,7 @@ from pathlib import Path
 import torch
 
 from mini_of3 import kernels
-from mini_of3.bench.common import package_versions, print_table, result_header, write_json
-from mini_of3.config import ConfigError, load_config
+from mini_of3.bench.common import load_bench_config, package_versions, print_table, result_header, write_json
 from mini_of3.model.pairformer import PairformerBlock
 
 IMPLS = {"torch": ("torch", "torch", False), "torch_compile": ("torch", "torch", True),
@@ -204,8 +203,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="")
     args, overrides = parser.parse_known_args(argv)
-    if "=" in args.config:
-        args.config, overrides = DEFAULT_CONFIG, [args.config, *overrides]
     impls = [i for i in args.impls.split(",") if i]
     unknown = [i for i in impls if i not in IMPLS]
     if unknown or not impls:
@@ -217,12 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     if not ns or min(ns) < 2 or args.reps < 1 or args.rounds < 1:
         raise SystemExit(f"--ns, --reps, --rounds: expected N >= 2 and counts >= 1, got {args.ns!r}, {args.reps}, "
                          f"{args.rounds}")
-    if not Path(args.config).is_file():
-        raise SystemExit(f"config {args.config!r} not found")
-    try:
-        cfg = load_config(args.config, overrides)
-    except ConfigError as err:
-        raise SystemExit(f"config: {err}") from None
+    args.config, cfg = load_bench_config(args.config, overrides, DEFAULT_CONFIG)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     result = result_header("block", package_versions(["cuequivariance-torch"]))
     result["config"] = args.config

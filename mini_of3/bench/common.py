@@ -107,3 +107,17 @@ def print_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
             value = row.get(key)
             cells.append(("-" if value is None else format(value, fmt)).rjust(w))
         print("  ".join(cells))
+
+
+def load_bench_config(config: str, overrides: list[str], default: str, extra: tuple[str, ...] = ()):
+    """(path, Config) for a benchmark's optional CONFIG argument and its ``key=value`` overrides (as train.py
+    takes them), or one clear error line. A CONFIG argument holding ``=`` is an override: the default is used."""
+    from mini_of3.config import ConfigError, load_config
+    if "=" in config:
+        config, overrides = default, [config, *overrides]
+    if not Path(config).is_file():
+        raise SystemExit(f"config {config!r} not found")
+    try:
+        return config, load_config(config, [*overrides, *extra])
+    except ConfigError as err:
+        raise SystemExit(f"config: {err}") from None

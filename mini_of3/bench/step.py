@@ -23,8 +23,7 @@ from pathlib import Path
 
 import torch
 
-from mini_of3.bench.common import package_versions, print_table, result_header, write_json
-from mini_of3.config import ConfigError, load_config
+from mini_of3.bench.common import load_bench_config, package_versions, print_table, result_header, write_json
 from mini_of3.losses import compute_losses
 from mini_of3.model import build_model
 from mini_of3.model.compiled import compile_blocks
@@ -334,17 +333,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="", help="suffix of the result file names")
     args, overrides = parser.parse_known_args(argv)   # key=value overrides of the config, as for train.py
-    if "=" in args.config:                             # no config named, only overrides
-        args.config, overrides = DEFAULT_CONFIG, [args.config, *overrides]
     arm_names, crops = parse_arms(args.arms), parse_crops(args.crops)
     if args.rounds < 1 or args.warmup < 1:
         raise SystemExit(f"--rounds and --warmup must be >= 1, got {args.rounds}, {args.warmup}")
-    if not Path(args.config).is_file():
-        raise SystemExit(f"config {args.config!r} not found")
-    try:
-        cfg = load_config(args.config, [*overrides, "model.n_recycles=0"])
-    except ConfigError as err:
-        raise SystemExit(f"config: {err}") from None
+    args.config, cfg = load_bench_config(args.config, overrides, DEFAULT_CONFIG, ("model.n_recycles=0",))
     prepared = Path(args.data or cfg.data.cache_dir)
     if not (prepared / "manifest.tsv").is_file():
         raise SystemExit(f"{prepared}: no manifest.tsv (prepare the data first: python -m mini_of3.data.prepare "
