@@ -146,8 +146,7 @@ def default_config(head_dim: int) -> LaunchConfig:
     """A good fixed configuration for each head dim (used under the interpreter and with MINI_OF3_AUTOTUNE=0);
     the D <= 32 one is the fastest fixed set measured on the H200 (NOTES.md)."""
     if _interpreting():
-        return LaunchConfig(32, 32, 4, 1, 32, 32, 4, 1, 32, 4, 1, fwd_rows=2, dq_block_j=32, dq_stages=1, dq_rows=2,
-                            bwd_rows=2)
+        return LaunchConfig(32, 32, 4, 1, 32, 32, 4, 1, 32, 4, 1, dq_block_j=32, dq_stages=1, dq_rows=2)
     if head_dim == 16:   # the forward's 128-row query tiles pay at D = 16 only (NOTES.md, run 11)
         return LaunchConfig(128, 64, 4, 3, 64, 64, 4, 1, 64, 4, 3, dq_rows=2, bwd_prefetch=2)
     if head_dim <= 32:   # two rows per program pay in the dQ kernel, not in the forward (NOTES.md, runs 8, 9);
