@@ -31,7 +31,7 @@ from mini_of3.bench.anchors import FACTORIES, Impl, load_impls
 from mini_of3.bench.common import (median_ms, package_versions, peak_mib, print_table, rel_err, result_header,
                                    write_json)
 from mini_of3.kernels import triangle_attention_ref
-from mini_of3.kernels.triangle_attention import autotuned_configs
+from mini_of3.kernels.launch import autotuned_configs
 from mini_of3.model.tri_attn_backends import tri_attn_backend
 from mini_of3.model.triangle import TriangleAttention
 
