@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for the triangle-attention kernel (issue 3): the GPU tests, where the time goes, and the bench.
+# One device call for the triangle-attention kernel: the GPU tests, where the time goes, and the bench.
 #   MINI_OF3_COMMIT=<short hash> bash benchmarks/device_kernels.sh [TAG] [NS] [DS] [STEPS]
 # STEPS: any of tests, explore, host, memory, accuracy, bench, ncu, run in that order (default tests,explore,bench). A
 # call has 10 minutes; the bench of both head dims with the anchors' autotuning takes ~6 of them (its limit:

@@ -2,7 +2,7 @@
 configuration costs in registers, spills (local-memory loads/stores), shared memory, and which MMA instructions
 the SASS holds (HGMMA = Hopper wgmma, HMMA = mma.sync).
 
-Occupancy, not bandwidth, limits these kernels (NOTES.md, run 2: ncu showed 12.5 % occupancy, register-limited), and
+Occupancy, not bandwidth, limits these kernels (Nsight Compute: 12.5 % occupancy, register-limited), and
 registers can be read here at no device time. The problem is specialised as the JIT sees a contiguous one (unit
 strides are the constant 1, pointers and other strides divisible by 16), which is what makes the loads vectorise.
 Uses ptxas and cuobjdump from Triton's own package. Codegen of the local Triton (3.9 here) may differ a little from

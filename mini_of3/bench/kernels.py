@@ -39,8 +39,8 @@ LAYOUTS = ("contiguous", "start", "end")
 C_Z = 128          # the pair channels of every GPU config
 
 GRAD_NAMES = ("o", "dq", "dk", "dv", "dbias")
-# The floor at N = 768, H = 4, D = 32 named in issue 3 (one exp per score on the special-function units for the
-# forward; about three times that for forward + backward), scaled by N^3 and H for other shapes.
+# The floor at N = 768, H = 4, D = 32 (one exp per score on the special-function units for the forward; about three
+# times that for forward + backward), scaled by N^3 and H for other shapes.
 FLOOR_768_MS = {"fwd": 0.5, "fwdbwd": 1.5}
 
 
