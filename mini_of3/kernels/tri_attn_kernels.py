@@ -11,10 +11,12 @@ The default path, in launch order (launch.py):
                  reads q, k, v, bias, key term; writes o and, when a backward follows (softmax), lse.
     _bwd_dq      grid: one program per (query tile, head, ROWS rows i, batch); ROWS rows share each bias tile load.
                  reads q, k, v, bias, key term, dO, and for softmax o and lse; writes dq and, for softmax, the exact
-                 delta = rowsum(p * dP) / rowsum(p), which the two kernels below read.
+                 delta = rowsum(p * dP) / rowsum(p), which _bwd_dbias and _bwd_dkdv read.
     _bwd_dbias   grid: one program per (key tile, query tile, head, batch, chunk of rows i), key tile fastest.
-                 reads q, k, v, dO, bias, key term, lse, delta; writes dbias, or one float32 partial per chunk of
-                 rows, which _sum_chunks then adds in chunk order into dbias.
+                 reads q, k, v, dO, bias, key term, lse, delta; writes dbias, or (when the tiles alone cannot fill
+                 the GPU) one float32 partial per chunk of rows:
+    _sum_chunks  (only then) grid: one program per 1024 elements of dbias; reads the partials, writes dbias, the
+                 chunks added in order.
     _bwd_dkdv    grid: persistent, two programs per SM; each takes the rows (b, i, h) pid, pid + programs, ... in turn.
                  reads q, k, v, bias, key term, dO, lse, delta; writes dk, dv.
 p is computed once in the forward and recomputed once in each of the three backward kernels. No atomics: every
