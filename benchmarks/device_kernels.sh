@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# One device call for the triangle-attention kernel (issue 3): the GPU tests, where the time goes, and the bench.
+# One device call for the triangle-attention kernel: the GPU tests, where the time goes, and the bench.
 #   MINI_OF3_COMMIT=<short hash> bash benchmarks/device_kernels.sh [TAG] [NS] [DS] [STEPS]
 # STEPS: any of tests, explore, host, memory, accuracy, bench, ncu, run in that order (default tests,explore,bench). A
 # call has 10 minutes; the bench of both head dims with the anchors' autotuning takes ~6 of them (its limit:
 # MINI_OF3_BENCH_LIMIT seconds, default 400); ncu gets what is left. MINI_OF3_IMPLS: the bench's implementations
-# (default: ours, its bf16-bias and fused-backward variants, and the three anchors); MINI_OF3_TESTS_K: a pytest -k
+# (default: ours, its bf16-bias variant, and the three anchors); MINI_OF3_TESTS_K: a pytest -k
 # subset of the tests; MINI_OF3_EXPLORE_DS: the head dims of the explore step (default 32), MINI_OF3_EXPLORE_ONLY
 # its variants (comma-separated names; default all). Carry .whl (the anchors from ../shared/tools/anchor_wheels.sh).
 # Writes $OUT/kernels_<TAG>.json/.png, $OUT/explore.log, $OUT/host.log
@@ -13,7 +13,7 @@
 # MINI_OF3_COMMIT must be given: the device checkout reports a stale HEAD.
 set -u
 tag=${1:-dev}; ns=${2:-256,384,512,640,768}; ds=${3:-32}; steps=${4:-tests,explore,bench}
-impls=${MINI_OF3_IMPLS:-mini_of3,mini_of3_bf16bias,mini_of3_fused,trifast,cueq,of3_triton}
+impls=${MINI_OF3_IMPLS:-mini_of3,mini_of3_bf16bias,trifast,cueq,of3_triton}
 : "${MINI_OF3_COMMIT:?set MINI_OF3_COMMIT to the commit measured}"
 source benchmarks/device_env.sh
 if [[ $steps == *tests* ]]; then

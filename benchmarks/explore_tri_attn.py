@@ -7,14 +7,15 @@ from __future__ import annotations
 import argparse
 import time
 from collections import defaultdict
+from dataclasses import replace
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from mini_of3.kernels import triangle_attention
-from mini_of3.kernels.triangle_attention import LaunchConfig, default_config, launch_config
+from mini_of3.kernels.launch import Algorithm, LaunchConfig, algorithm, default_config, launch_config
 
-KERNELS = ("_fwd", "_delta", "_bwd_dqkv", "_bwd_dq", "_bwd_dkdv", "_bwd_dbias", "_sum_chunks")
+KERNELS = ("_fwd", "_bwd_dq", "_bwd_dbias", "_sum_chunks", "_bwd_dkdv")
 
 
 def inputs(n, d, heads, *, bias="fp32", masked=True):
@@ -35,9 +36,9 @@ def fwd_bwd(leaves, mask, do):
     return torch.autograd.grad(triangle_attention(q, k, v, bias, mask), leaves, do)
 
 
-def kernel_times(config: LaunchConfig, n, d, heads, iters=10, **kw) -> dict[str, float]:
+def kernel_times(config: LaunchConfig, choice: Algorithm, n, d, heads, iters=10, **kw) -> dict[str, float]:
     leaves, mask, do = inputs(n, d, heads, **kw)
-    with launch_config(config):
+    with launch_config(config), algorithm(choice):
         for _ in range(3):
             fwd_bwd(leaves, mask, do)
         torch.cuda.synchronize()
@@ -70,42 +71,37 @@ def main():
     base = default_config(args.d)
     if args.ncu:
         leaves, mask, do = inputs(args.n, args.d, args.heads)
-        with launch_config(LaunchConfig(**{**base.__dict__, "fast_exp": True})):
+        with launch_config(base):
             for _ in range(2):
                 fwd_bwd(leaves, mask, do)
         torch.cuda.synchronize()
         return
-    fast = {**base.__dict__, "fast_exp": True}
-    variants = {   # v14: the caller's bool mask in the kernels; forward 64x64 (D = 16: 128x64) 1 row per program,
-        # p unsplit; dQ kernel 64x32, 2 rows per program; dK/dV kernel 64x64 w4, q, dO and the bias tile one query
-        # tile ahead; dbias 64x64 w4 s3
-        "default": (LaunchConfig(**fast), {}),
-        "float32 key bias (v10c)": (LaunchConfig(**{**fast, "key_mask": "float"}), {}),
-        "bf16 bias": (LaunchConfig(**fast), {"bias": "bf16"}),
-        "split dS off": (LaunchConfig(**{**fast, "split_ds": False}), {}),
-        "fused dqkv, int8 residual": (LaunchConfig(**{**fast, "separate_dq": False}), {}),
-        "dkdv 32x64 w4 s1 rows 2": (LaunchConfig(**{**fast, "bwd_block_j": 32, "bwd_block_k": 64, "bwd_warps": 4,
-                                                    "bwd_rows": 2}), {}),
-        "fwd 128x64 w8 s2": (LaunchConfig(**{**fast, "fwd_block_j": 128, "fwd_warps": 8}), {}),
-        "fwd 128x32 w4 s3": (LaunchConfig(**{**fast, "fwd_block_j": 128, "fwd_block_k": 32, "fwd_stages": 3}), {}),
-        "fwd 128x64 w4 s3": (LaunchConfig(**{**fast, "fwd_block_j": 128, "fwd_stages": 3}), {}),
-        "dq 128x32 w8 s3 rows 2": (LaunchConfig(**{**fast, "dq_block_j": 128, "dq_warps": 8}), {}),
-        "dbias 64x64 w8 s2": (LaunchConfig(**{**fast, "dbias_warps": 8, "dbias_stages": 2}), {}),
-        "dbias 128x64 w8 s2": (LaunchConfig(**{**fast, "dbias_block": 128, "dbias_block_k": 64, "dbias_warps": 8,
-                                               "dbias_stages": 2}), {}),
-        "dbias 64x128 w8 s2": (LaunchConfig(**{**fast, "dbias_block_k": 128, "dbias_warps": 8,
-                                               "dbias_stages": 2}), {}),
-        "dkdv q dO in place (v12)": (LaunchConfig(**{**fast, "bwd_prefetch": 0}), {}),
-        "dkdv q dO ahead (v13)": (LaunchConfig(**{**fast, "bwd_prefetch": 1}), {}),
-        "dkdv 32x64 prefetch q dO": (LaunchConfig(**{**fast, "bwd_block_j": 32, "bwd_prefetch": 1}), {}),
-        "dkdv 64x64 w4 s2": (LaunchConfig(**{**fast, "bwd_stages": 2, "bwd_prefetch": 0}), {}),
+
+    def tiles(**changes) -> LaunchConfig:
+        return replace(base, **changes)
+    default = Algorithm()
+    variants = {   # name: (tiles, algorithm, inputs); the default: the fixed config of launch.default_config
+        "default": (base, default, {}),
+        "bf16 bias": (base, default, {"bias": "bf16"}),
+        "split dS off": (base, Algorithm(split_ds=False), {}),
+        "fwd 128x64 w8 s2": (tiles(fwd_block_j=128, fwd_warps=8), default, {}),
+        "fwd 128x32 w4 s3": (tiles(fwd_block_j=128, fwd_block_k=32, fwd_stages=3), default, {}),
+        "fwd 128x64 w4 s3": (tiles(fwd_block_j=128, fwd_stages=3), default, {}),
+        "dq 128x32 w8 s3 rows 2": (tiles(dq_block_j=128, dq_warps=8), default, {}),
+        "dbias 64x64 w8 s2": (tiles(dbias_warps=8, dbias_stages=2), default, {}),
+        "dbias 128x64 w8 s2": (tiles(dbias_block_j=128, dbias_warps=8, dbias_stages=2), default, {}),
+        "dbias 64x128 w8 s2": (tiles(dbias_block_k=128, dbias_warps=8, dbias_stages=2), default, {}),
+        "dkdv q dO in place (v12)": (tiles(dkdv_prefetch=0), default, {}),
+        "dkdv q dO ahead (v13)": (tiles(dkdv_prefetch=1), default, {}),
+        "dkdv 32x64 prefetch q dO": (tiles(dkdv_block_j=32, dkdv_prefetch=1), default, {}),
+        "dkdv 64x64 w4 s2": (tiles(dkdv_stages=2, dkdv_prefetch=0), default, {}),
     }
     if args.only:
         variants = {name: v for name, v in variants.items() if name in args.only.split(",")}
     rows = []
-    for name, (config, kw) in list(variants.items())[:3 if args.quick else None]:
+    for name, (config, choice, kw) in list(variants.items())[:3 if args.quick else None]:
         try:
-            t = kernel_times(config, args.n, args.d, args.heads, **kw)
+            t = kernel_times(config, choice, args.n, args.d, args.heads, **kw)
         except Exception as err:
             print(f"{name}: {type(err).__name__}: {str(err)[:300]}", flush=True)
             continue

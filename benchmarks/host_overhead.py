@@ -14,9 +14,10 @@ import time
 import torch
 from triton.runtime.jit import JITFunction
 
-import mini_of3.kernels  # noqa: F401  (registers the module below)
+import mini_of3.kernels  # noqa: F401  (registers the modules below)
 
 TA = sys.modules["mini_of3.kernels.triangle_attention"]
+LAUNCH = sys.modules["mini_of3.kernels.launch"]
 launches: list[str] = []
 
 
@@ -37,8 +38,8 @@ def main() -> None:
     args = parser.parse_args()
     JITFunction.__getitem__ = lambda self, grid: _CountOnly(self.fn)      # no kernel runs
     TA._resolve_backend = lambda backend, q: "triton"                        # CPU tensors take the Triton path
-    TA._interpreting = lambda: False
-    TA._autotune_enabled = lambda: False                                     # the fixed default configuration
+    LAUNCH.interpreting = lambda: False
+    LAUNCH._autotune_enabled = lambda: False                                 # the fixed default configuration
     n, h, d = args.n, args.heads, args.d
     q, k, v = (torch.randn(1, n, n, h, d, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     bias = torch.randn(1, h, n, n, requires_grad=True)

@@ -2,7 +2,7 @@
 configuration costs in registers, spills (local-memory loads/stores), shared memory, and which MMA instructions
 the SASS holds (HGMMA = Hopper wgmma, HMMA = mma.sync).
 
-Occupancy, not bandwidth, limits these kernels (NOTES.md, run 2: ncu showed 12.5 % occupancy, register-limited), and
+Occupancy, not bandwidth, limits these kernels (Nsight Compute: 12.5 % occupancy, register-limited), and
 registers can be read here at no device time. The problem is specialised as the JIT sees a contiguous one (unit
 strides are the constant 1, pointers and other strides divisible by 16), which is what makes the loads vectorise.
 Uses ptxas and cuobjdump from Triton's own package. Codegen of the local Triton (3.9 here) may differ a little from
@@ -28,14 +28,13 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from mini_of3.kernels import tri_attn_kernels as K  # noqa: E402
-from mini_of3.kernels.triangle_attention import _bwd_configs, _fwd_configs  # noqa: E402
+from mini_of3.kernels.launch import _dkdv_configs, _dq_configs, _fwd_configs  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 UNIT_STRIDES = ("sq_d", "sk_d", "sv_d", "so_d", "sd_d", "sg_d", "sb_k", "sm_k", "so_k")
-POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", BIAS="*fp32", KEY_BIAS="*i1", O="*bf16", O_LO="*i8",
-                LSE="*fp32", DO="*bf16", DELTA="*fp32", DQ_ACC="*fp32", DQ="*bf16", DK="*bf16", DV="*bf16",
-                DBIAS="*fp32")
+POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", BIAS="*fp32", KEY_BIAS="*i1", O="*bf16", LSE="*fp32", DO="*bf16",
+                DELTA="*fp32", DQ="*bf16", DK="*bf16", DV="*bf16", DBIAS="*fp32")
 
 
 def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None):
@@ -74,7 +73,7 @@ def resources(compiled) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kernel", choices=("fwd", "dq", "dkdv", "dqkv", "dbias", "all"), default="all")
+    parser.add_argument("--kernel", choices=("fwd", "dq", "dkdv", "dbias", "all"), default="all")
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--maxnreg", type=int, default=None)
     args = parser.parse_args()
@@ -83,20 +82,15 @@ def main() -> None:
     jobs = []   # the default backward: the forward (lse, p unsplit), dQ (exact delta), dK/dV, dbias
     if args.kernel in ("fwd", "all"):
         for c in _fwd_configs(d):
-            flags = dict(common, STORE_LSE=True, STORE_LO=False, LO_UNIT=0.0, SPLIT_P=False, **c.kwargs)
-            jobs.append((f"fwd r{c.kwargs['ROWS']}", K._fwd, flags, c.num_warps, c.num_stages))
+            jobs.append(("fwd", K._fwd, dict(common, STORE_LSE=True, **c.kwargs), c.num_warps, c.num_stages))
     if args.kernel in ("dq", "all"):
-        for c in _fwd_configs(d, "dq"):
-            jobs.append((f"dq r{c.kwargs['ROWS']}", K._bwd_dq, dict(common, SPLIT_DS=True, COMPUTE_DELTA=True,
-                                                                  **c.kwargs), c.num_warps, c.num_stages))
-    if args.kernel in ("dkdv", "all"):
-        for c in _bwd_configs(d, "dkdv"):
-            name = f"dkdv r{c.kwargs['ROWS']} p{c.kwargs['PREFETCH']}"     # p: loads ahead (0, 1 q/dO, 2 +bias)
-            jobs.append((name, K._bwd_dkdv, dict(common, SPLIT_DS=True, **c.kwargs), c.num_warps, c.num_stages))
-    if args.kernel in ("dqkv", "all"):
-        for c in _bwd_configs(d, "dqkv"):
-            jobs.append(("dqkv (fused)", K._bwd_dqkv, dict(common, SPLIT_DS=True, **c.kwargs), c.num_warps,
+        for c in _dq_configs(d):
+            jobs.append((f"dq r{c.kwargs['ROWS']}", K._bwd_dq, dict(common, SPLIT_DS=True, **c.kwargs), c.num_warps,
                          c.num_stages))
+    if args.kernel in ("dkdv", "all"):
+        for c in _dkdv_configs(d):
+            name = f"dkdv p{c.kwargs['PREFETCH']}"     # p: loads ahead (0, 1 q/dO, 2 +bias)
+            jobs.append((name, K._bwd_dkdv, dict(common, SPLIT_DS=True, **c.kwargs), c.num_warps, c.num_stages))
     if args.kernel in ("dbias", "all"):
         block = 64 if d <= 64 else 32
         tiles = [(block, block, 4, 1), (block, block, 4, 2), (block, block, 4, 3), (block, block, 8, 2)]

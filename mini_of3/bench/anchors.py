@@ -8,17 +8,14 @@ the calls follow ../shared/tools/anchors_tri_attn.py.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from mini_of3.kernels import triangle_attention, triangle_attention_ref
-from mini_of3.kernels.triangle_attention import default_config, launch_config
+from mini_of3.kernels.launch import algorithm, default_config, launch_config
 
-_SPLIT_ENV = ("MINI_OF3_SPLIT_P", "MINI_OF3_SPLIT_DS")
-_CHOICE_ENV = (*_SPLIT_ENV, "MINI_OF3_SEPARATE_DQ")
 # canonical [B, I, J, H, D] -> native, and the permutation back
 _TO_BHIJD, _FROM_BHIJD = (0, 3, 1, 2, 4), (0, 2, 3, 1, 4)
 _TO_BIHJD, _FROM_BIHJD = (0, 1, 3, 2, 4), (0, 1, 3, 2, 4)
@@ -37,34 +34,19 @@ def _same(t: torch.Tensor, kind: str) -> torch.Tensor:
     return t
 
 
-def _mini_of3(name: str, bias_fp32: bool = True, fixed: bool = False, split: bool = True,
-              separate_dq: bool = True) -> Impl:
+def _mini_of3(name: str, bias_fp32: bool = True, fixed: bool = False, split_ds: bool = True) -> Impl:
     """Ours, autotuned (or the fixed default configuration), with a float32 or bf16 bias, with or without the hi+lo
-    split of p and dS (the speed/accuracy trade-off, NOTES.md), with dQ in its own kernel (the default) or fused with dK, dV."""
+    split of dS (the speed/accuracy trade-off, NOTES.md)."""
     def native(q, k, v, bias, mask):
         return q, k, v, bias if bias_fp32 else bias.to(q.dtype), mask
 
     def call(q, k, v, bias, mask):
-        # the choices are taken at the forward call and kept for its backward; with split, the defaults (p split
-        # only when a backward follows, dS always)
-        previous = {key: os.environ.get(key) for key in _CHOICE_ENV}
-        for key in _SPLIT_ENV:
-            if split:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = "0"
-        os.environ["MINI_OF3_SEPARATE_DQ"] = "1" if separate_dq else "0"
-        try:
+        # the algorithm is taken at the forward call and kept for its backward
+        with algorithm(split_ds=split_ds):
             if fixed:
                 with launch_config(default_config(q.shape[-1])):
                     return triangle_attention(q, k, v, bias, mask, backend="triton")
             return triangle_attention(q, k, v, bias, mask, backend="triton")
-        finally:
-            for key, value in previous.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
     return Impl(name, "fp32" if bias_fp32 else "input", native, call, _same)
 
 
@@ -124,8 +106,7 @@ FACTORIES: dict[str, Callable[[], Impl]] = {
     "mini_of3": lambda: _mini_of3("mini_of3"),
     "mini_of3_bf16bias": lambda: _mini_of3("mini_of3_bf16bias", bias_fp32=False),
     "mini_of3_fixed": lambda: _mini_of3("mini_of3_fixed", fixed=True),
-    "mini_of3_nosplit": lambda: _mini_of3("mini_of3_nosplit", split=False),
-    "mini_of3_fused": lambda: _mini_of3("mini_of3_fused", separate_dq=False),
+    "mini_of3_nosplit": lambda: _mini_of3("mini_of3_nosplit", split_ds=False),
     "trifast": _trifast,
     "cueq": _cueq,
     "of3_triton": _of3_triton,

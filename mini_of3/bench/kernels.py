@@ -31,7 +31,7 @@ from mini_of3.bench.anchors import FACTORIES, Impl, load_impls
 from mini_of3.bench.common import (median_ms, package_versions, peak_mib, print_table, rel_err, result_header,
                                    write_json)
 from mini_of3.kernels import triangle_attention_ref
-from mini_of3.kernels.triangle_attention import autotuned_configs
+from mini_of3.kernels.launch import autotuned_configs
 from mini_of3.model.tri_attn_backends import tri_attn_backend
 from mini_of3.model.triangle import TriangleAttention
 
@@ -39,8 +39,8 @@ LAYOUTS = ("contiguous", "start", "end")
 C_Z = 128          # the pair channels of every GPU config
 
 GRAD_NAMES = ("o", "dq", "dk", "dv", "dbias")
-# The floor at N = 768, H = 4, D = 32 named in issue 3 (one exp per score on the special-function units for the
-# forward; about three times that for forward + backward), scaled by N^3 and H for other shapes.
+# The floor at N = 768, H = 4, D = 32 (one exp per score on the special-function units for the forward; about three
+# times that for forward + backward), scaled by N^3 and H for other shapes.
 FLOOR_768_MS = {"fwd": 0.5, "fwdbwd": 1.5}
 
 

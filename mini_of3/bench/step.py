@@ -152,7 +152,7 @@ def peak_mib(arm: Arm, batch: dict) -> float | None:
 
 
 _BY_NAME = (   # (category, pattern on a kernel's or op's name), first match wins
-    ("triangle attention", r"_fwd\b|_bwd_dq|_bwd_dkdv|_bwd_dbias|_sum_chunks|_delta\b|attention|attn|evoformer"),
+    ("triangle attention", r"_fwd\b|_bwd_dq|_bwd_dkdv|_bwd_dbias|_sum_chunks|attention|attn|evoformer"),
     ("triangle multiplication", r"triangle_mul|trimul|tri_mul|multiplicative"),
     ("GEMMs", r"gemm|cutlass|xmma|nvjet|wgmma|cublas|aten::mm\b|aten::bmm|aten::addmm|aten::matmul|aten::linear"),
     ("layer norms", r"layer_norm|layernorm|LayerNorm"),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .fetch import FetchError, FetchResult, install, is_complete
+from .download import FetchError, FetchResult, install, is_complete
 from .structure import MmcifError
 
 OFFLINE_PACKAGE = "mdanalysistests==2.11.0"

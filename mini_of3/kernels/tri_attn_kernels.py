@@ -1,32 +1,32 @@
 """Triton kernels of the fused triangle attention (AF3 SI Alg 14/15, the attention with a pair bias).
 
-The problem is B*I*H independent attentions of J queries over K = J keys, all rows i of one (b, h) sharing one bias
-tile set [J, K]. Layouts (DESIGN.md): q, k, v, o [B, I, J, H, D] with any strides; bias [B, H, J, K]; the key bias
-[B, I, K] float32 (the mask as 0 / -inf plus, for sigmoid, beta_i / scale: one 4-byte load per key, built on the host);
-row statistics lse and delta [B, H, I, J] float32, the log-sum-exp kept in base 2. Scores are kept raw,
-t = q.k + (bias / scale) + key bias, and enter the base-2 exponent as t * scale * log2(e).
+B*I*H independent attentions of J queries over K = J keys; all rows i of one (b, h) share one bias [J, K]. Scores are
+kept raw, t = q.k + bias / scale + key term, and enter the base-2 exponent as t * scale * log2(e). Row statistics
+lse (base 2) and delta are [B, H, I, J] float32. The key term comes from KEY_BIAS [B, I, K]: the caller's bool mask
+(softmax; 0 or -inf, read in the kernels, no copy) or a float32 key bias built on the host (sigmoid: -inf at masked
+keys plus beta_i / scale). J_BUCKET (the next power of two of J) is unused by the kernels: it is the autotuning key.
 
-Kernels:
-    _fwd            one program per (query tile jb, head h, row i, batch b); online softmax or plain sigmoid.
-    _delta          delta = rowsum(dO * O) in float32, with O = o + o_lo (the forward's rounding residual, kept as int8
-                    in units of |o| * LO_UNIT / 127, or in o's dtype when LO_UNIT = 0), so the bf16 rounding of the
-                    output does not leak into dS.
-    _bwd_dqkv       a persistent grid over the rows (b, i, h): per row, an outer loop over key tiles (dK, dV in
-                    registers) and an inner loop over query tiles; dQ is accumulated in a float32 scratch row owned by
-                    the program only (read-modify-write in program order), so the three gradients need no atomics and
-                    repeat bitwise.
-    _bwd_dbias      one program per (key tile, query tile, h, b, chunk of rows): the bias tile stays in registers and
-                    dS is summed over the rows i of the chunk in order; chunks (only when the grid would otherwise
-                    be too small to fill the GPU) are summed afterwards, in order, by _sum_chunks.
-    _bwd_dq         (with _bwd_dqkv's COMPUTE_DQ off; LaunchConfig.separate_dq) dQ alone, one program per query tile
-                    and row, dQ in registers: one more recomputation, a lighter dk/dv kernel and no dQ scratch.
-J_BUCKET (the next power of two of J) is unused by the kernels: it is the autotuning key.
-Probabilities are recomputed once in _bwd_dqkv for three gradients and once in _bwd_dbias for the fourth.
+The default path, in launch order (launch.py):
+    _fwd         grid: one program per (query tile, head, row i, batch), query tile fastest.
+                 reads q, k, v, bias, key term; writes o and, when a backward follows (softmax), lse.
+    _bwd_dq      grid: one program per (query tile, head, ROWS rows i, batch); ROWS rows share each bias tile load.
+                 reads q, k, v, bias, key term, dO, and for softmax o and lse; writes dq and, for softmax, the exact
+                 delta = rowsum(p * dP) / rowsum(p), which _bwd_dbias and _bwd_dkdv read.
+    _bwd_dbias   grid: one program per (key tile, query tile, head, batch, chunk of rows i), key tile fastest.
+                 reads q, k, v, dO, bias, key term, lse, delta; writes dbias, or (when the tiles alone cannot fill
+                 the GPU) one float32 partial per chunk of rows:
+    _sum_chunks  (only then) grid: one program per 1024 elements of dbias; reads the partials, writes dbias, the
+                 chunks added in order.
+    _bwd_dkdv    grid: persistent, two programs per SM; each takes the rows (b, i, h) pid, pid + programs, ... in turn.
+                 reads q, k, v, bias, key term, dO, lse, delta; writes dk, dv.
+p is computed once in the forward and recomputed once in each of the three backward kernels. No atomics: every
+output element is written by one program, every sum is taken in a fixed order, so results repeat bitwise.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
 
 @triton.jit
 def _load_tile(ptr, offs_rows, offs_d, stride_row, stride_d, n_rows):
@@ -86,21 +86,14 @@ def _dot(a, b, DOT_PREC: tl.constexpr, acc=None):
 
 
 @triton.jit
-def _dot_split(p, x, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr, TRANS_P: tl.constexpr = False):
-    """p @ x (or p^T @ x) with p (float32) rounded to x's dtype for the tensor cores; SPLIT adds the product of the
-    rounding residual (p = hi + lo), which removes that rounding's error at the cost of one more MMA. (tf32 for p
-    instead, rounded to nearest: as accurate as the split and 0.5 ms slower per kernel at N = 768; NOTES.md, run 15.)"""
+def _dot_split(p, x, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """p @ x with p (float32) rounded to x's dtype for the tensor cores; SPLIT adds the product of the rounding
+    residual (p = hi + lo), which removes that rounding's error at the cost of one more MMA."""
     p_hi = p.to(x.dtype)
-    if TRANS_P:
-        out = _dot(tl.trans(p_hi), x, DOT_PREC)
-    else:
-        out = _dot(p_hi, x, DOT_PREC)
+    out = _dot(p_hi, x, DOT_PREC)
     if SPLIT:
         p_lo = (p - p_hi.to(tl.float32)).to(x.dtype)
-        if TRANS_P:
-            out += _dot(tl.trans(p_lo), x, DOT_PREC)
-        else:
-            out += _dot(p_lo, x, DOT_PREC)
+        out += _dot(p_lo, x, DOT_PREC)
     return out
 
 
@@ -123,8 +116,7 @@ def _query_tile_program(J, H, I, BLOCK_J: tl.constexpr, ROWS: tl.constexpr = 1):
 def _bias_tile(bias_rows, offs_rows, offs_cols, s_col, J, scale):
     """A bias tile in raw-score units (bias / scale), float32, 0 outside: [BJ, BK] for the forward-shaped kernels,
     [BK, BJ] (rows: keys) for the transposed dK/dV tiles; bias_rows: the pointers of its rows, s_col the stride
-    along its columns. Rows i share it: a program of ROWS rows loads it once for all of them (the bias stream is the
-    forward's largest)."""
+    along its columns."""
     bias = tl.load(bias_rows + offs_cols[None, :] * s_col, mask=(offs_rows[:, None] < J) & (offs_cols[None, :] < J),
                    other=0.0)
     return bias.to(tl.float32) * (1.0 / scale)
@@ -134,143 +126,11 @@ def _bias_tile(bias_rows, offs_rows, offs_cols, s_col, J, scale):
 def _key_tile_scores(q, k_base, v_base, bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J,
                      DOT_PREC: tl.constexpr):
     """k, v [BK, D] of one key tile of one row and its raw scores t = q.k + bias / scale + key term [BJ, BK]; the
-    forward and the dQ kernel share it, so both see the same t."""
+    forward, the dQ and the dbias kernels share it, so all see the same t."""
     k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                      # [BK, D]
     v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                      # [BK, D]
     t = _dot(q, tl.trans(k), DOT_PREC, acc=bias_t + key_mask[None, :])
     return k, v, t
-
-
-@triton.jit
-def _fwd_row_step(q, k_base, v_base, bias_t, key_mask, m_run, l_run, acc, offs_k, offs_d,
-                  sk_j, sk_d, sv_j, sv_d, J, scale2,
-                  SIGMOID: tl.constexpr, SPLIT_P: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr):
-    """One key tile of one row: the online softmax update of (m_run, l_run, acc) (base 2: the score is t * scale2,
-    applied inside the exponent's FMA), or for sigmoid acc += sigmoid(t) v (m_run, l_run unused)."""
-    k, v, t = _key_tile_scores(q, k_base, v_base, bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J,
-                               DOT_PREC)                                                   # t: [BJ, BK]
-    if SIGMOID:
-        acc += _dot_split(_sigmoid2(t * scale2, FAST_EXP), v, SPLIT_P, DOT_PREC)
-    else:
-        m_new = tl.maximum(m_run, tl.max(t, 1) * scale2)     # scale2 > 0: max(t) * scale2 = max(t * scale2)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = _exp2(t * scale2 - m_safe[:, None], FAST_EXP)
-        alpha = _exp2(m_run - m_safe, FAST_EXP)
-        l_run = l_run * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot_split(p, v, SPLIT_P, DOT_PREC)
-        m_run = m_new
-    return m_run, l_run, acc
-
-
-@triton.jit
-def _fwd_row_store(acc, m_run, l_run, O, O_LO, LSE, o_base, lse_base, offs_j, offs_d, so_j, so_d, J_store,
-                   SIGMOID: tl.constexpr, STORE_LSE: tl.constexpr, STORE_LO: tl.constexpr, LO_UNIT: tl.constexpr):
-    """Normalise and store one row's output (and for a backward its lse, base 2, and the output's rounding residual);
-    J_store is J, or 0 for a row past the end that must not be stored."""
-    if not SIGMOID:
-        has_key = l_run > 0.0
-        acc = acc / tl.where(has_key, l_run, 1.0)[:, None]
-    o_ptrs = o_base + offs_j[:, None] * so_j + offs_d[None, :] * so_d
-    in_o = offs_j[:, None] < J_store
-    o = acc.to(O.dtype.element_ty)
-    tl.store(O + o_ptrs, o, mask=in_o)
-    if STORE_LO:   # the rounding residual of o, so that the fused backward's delta = rowsum(dO * O) is exact
-        if LO_UNIT > 0:
-            tl.store(O_LO + o_ptrs, _residual_to_int8(acc, o.to(tl.float32), LO_UNIT), mask=in_o)
-        else:          # LO_UNIT 0: the residual in o's own dtype
-            tl.store(O_LO + o_ptrs, (acc - o.to(tl.float32)).to(O.dtype.element_ty), mask=in_o)
-    if STORE_LSE:
-        lse = tl.where(has_key, m_run + tl.log2(tl.where(has_key, l_run, 1.0)), float("inf"))
-        tl.store(LSE + lse_base + offs_j, lse, mask=offs_j < J_store)
-
-
-@triton.jit
-def _fwd(Q, K, V, BIAS, KEY_BIAS, O, O_LO, LSE,
-         sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
-         sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k,
-         so_b, so_i, so_j, so_h, so_d,
-         B, I, J, H, scale, J_BUCKET,
-         HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, STORE_LSE: tl.constexpr, STORE_LO: tl.constexpr,
-         LO_UNIT: tl.constexpr,
-         SPLIT_P: tl.constexpr, FAST_EXP: tl.constexpr,
-         DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-         ROWS: tl.constexpr = 1):
-    # ROWS (1 or 2) rows i per program share each bias tile load; a second row past the end (odd I) is computed on
-    # row I - 1 and not stored.
-    jb, h, i0, b64 = _query_tile_program(J, H, I, BLOCK_J, ROWS)
-    i1 = tl.minimum(i0 + 1, I - 1)
-
-    offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_kt = tl.arange(0, BLOCK_K)
-    q_base = Q + b64 * sq_b + h * sq_h
-    k_base = K + b64 * sk_b + h * sk_h
-    v_base = V + b64 * sv_b + h * sv_h
-    bias_base = BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j
-    q0 = _load_tile(q_base + i0 * sq_i, offs_j, offs_d, sq_j, sq_d, J)                         # [BJ, D]
-    scale2 = _base2(scale)
-    m0 = tl.full([BLOCK_J], float("-inf"), dtype=tl.float32)
-    l0 = tl.zeros([BLOCK_J], dtype=tl.float32)
-    acc0 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
-    # small loads (the key mask here, row statistics in the backward) are issued one iteration ahead by hand: the
-    # software pipeliner leaves them on the critical path (NOTES.md, session 2: the mask cost ~1 ms at N = 768)
-    mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
-    if ROWS == 2:
-        q1 = _load_tile(q_base + i1 * sq_i, offs_j, offs_d, sq_j, sq_d, J)
-        m1 = tl.full([BLOCK_J], float("-inf"), dtype=tl.float32)
-        l1 = tl.zeros([BLOCK_J], dtype=tl.float32)
-        acc1 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
-        mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
-    for k0 in range(0, J, BLOCK_K):
-        offs_k = k0 + offs_kt
-        bias_t = _bias_tile(bias_base, offs_j, offs_k, sb_k, J, scale)                         # [BJ, BK]
-        mask0 = mask_next0                                                                     # [BK]
-        mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
-        m0, l0, acc0 = _fwd_row_step(q0, k_base + i0 * sk_i, v_base + i0 * sv_i, bias_t, mask0, m0, l0, acc0,
-                                     offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J, scale2,
-                                     SIGMOID, SPLIT_P, FAST_EXP, DOT_PREC)
-        if ROWS == 2:
-            mask1 = mask_next1
-            mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
-            m1, l1, acc1 = _fwd_row_step(q1, k_base + i1 * sk_i, v_base + i1 * sv_i, bias_t, mask1, m1, l1, acc1,
-                                         offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J, scale2,
-                                         SIGMOID, SPLIT_P, FAST_EXP, DOT_PREC)
-    o_base = b64 * so_b + h * so_h
-    lse_base = (b64 * H + h) * I * J
-    _fwd_row_store(acc0, m0, l0, O, O_LO, LSE, o_base + i0 * so_i, lse_base + i0 * J, offs_j, offs_d, so_j, so_d,
-                   J, SIGMOID, STORE_LSE, STORE_LO, LO_UNIT)
-    if ROWS == 2:
-        _fwd_row_store(acc1, m1, l1, O, O_LO, LSE, o_base + i1 * so_i, lse_base + i1 * J, offs_j, offs_d, so_j,
-                       so_d, tl.where(i0 + 1 < I, J, 0), SIGMOID, STORE_LSE, STORE_LO, LO_UNIT)
-
-
-@triton.jit
-def _residual_to_int8(acc, o, LO_UNIT: tl.constexpr):
-    """The rounding residual acc - o as int8 in units of |o| * LO_UNIT / 127. LO_UNIT bounds |acc - o| / |o| (2^-7 for
-    bf16, 2^-10 for fp16: one ulp, so that truncating conversions fit too); the stored residual is then exact to
-    |o| * LO_UNIT / 254, 2^-15 of o in bf16: a quarter of the memory of a residual in o's dtype, and as good for
-    delta."""
-    unit = tl.abs(o) * (LO_UNIT / 127.0)
-    steps = tl.where(unit > 0.0, tl.fdiv(acc - o, tl.where(unit > 0.0, unit, 1.0)), 0.0)   # approximate division
-    return tl.minimum(tl.maximum(tl.floor(steps + 0.5), -127.0), 127.0).to(tl.int8)
-
-
-@triton.jit
-def _delta(O, O_LO, DO, DELTA,
-           so_b, so_i, so_j, so_h, so_d, sd_b, sd_i, sd_j, sd_h, sd_d,
-           I, J, H, HAS_LO: tl.constexpr, LO_UNIT: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr):
-    jb, h, i64, b64 = _query_tile_program(J, H, I, BLOCK_J)
-    offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
-    offs_d = tl.arange(0, BLOCK_D)
-    o_base = b64 * so_b + i64 * so_i + h * so_h
-    o = _load_tile(O + o_base, offs_j, offs_d, so_j, so_d, J).to(tl.float32)
-    if HAS_LO:
-        lo = _load_tile(O_LO + o_base, offs_j, offs_d, so_j, so_d, J).to(tl.float32)
-        if LO_UNIT > 0:
-            lo = lo * (tl.abs(o) * (LO_UNIT / 127.0))
-        o += lo
-    do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J).to(tl.float32)
-    tl.store(DELTA + ((b64 * H + h) * I + i64) * J + offs_j, tl.sum(o * do, 1), mask=offs_j < J)
 
 
 @triton.jit
@@ -298,201 +158,95 @@ def _probs_and_dscores(t, scale2, dp, lse, delta, SIGMOID: tl.constexpr, FAST_EX
     return p, ds
 
 
-@triton.jit
-def _kv_tile_step(k, v, dk, dv, q, do, bias_t, key_mask, lse, delta, scale2, SIGMOID: tl.constexpr,
-                  SPLIT_DS: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr):
-    """One (key tile, query tile) step of one row i for dK, dV, computed transposed, [key, query] (as
-    FlashAttention-2's backward): p^T and dS^T are the A operands of dV += p^T dO and dK += dS^T q straight from
-    registers. q, do [BJ, D] are the query tile's; bias_t [BK, BJ] is the bias tile in raw-score units (shared by
-    the rows of a program), key_mask [BK] and lse, delta [BJ] this row's. Returns dk, dv and dS^T (for the fused
-    dQ)."""
-    tt = _dot(k, tl.trans(q), DOT_PREC, acc=bias_t + key_mask[:, None])                    # [BK, BJ]
-    dpt = _dot(v, tl.trans(do), DOT_PREC)                                                  # [BK, BJ]
-    pt, dst = _probs_and_dscores(tt, scale2, dpt, lse[None, :], delta[None, :], SIGMOID, FAST_EXP)
-    dv += _dot_split(pt, do, False, DOT_PREC)    # [BK, D]; p's rounding shows only in dv, as its own output's
-    dk += _dot_split(dst, q, SPLIT_DS, DOT_PREC)                                           # [BK, D]
-    return dk, dv, dst
+# ---------------------------------------------------------------------------------------------------------------
+# forward
 
 
 @triton.jit
-def _bwd_dqkv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DQ_ACC, DQ, DK, DV,
-              sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
-              sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
-              sg_b, sg_i, sg_j, sg_h, sg_d,
-              B, I, J, H, scale, J_BUCKET,
-              HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
-              FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
-              BLOCK_D: tl.constexpr):
-    # The fused backward (separate_dq off): dQ, dK and dV from one recomputation of p; only dQ += dS k needs a
-    # transpose of dS. A persistent grid: each program owns one float32 dQ scratch row [J, D] and takes the rows
-    # (b, i, h) pid, pid + programs, ... in turn. The scratch (programs x J x D x 4 bytes, 26 MB at N = 768) stays in
-    # L2 and is independent of the problem size; every row is still computed by one program in a fixed order
-    # (bitwise).
-    for item in range(tl.program_id(0), B * I * H, tl.num_programs(0)):
-        h = item % H
-        i = (item // H) % I
-        b = item // (H * I)
-        b64 = b.to(tl.int64)
-        i64 = i.to(tl.int64)
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_jt = tl.arange(0, BLOCK_J)
-        offs_kt = tl.arange(0, BLOCK_K)
-        q_base = Q + b64 * sq_b + i64 * sq_i + h * sq_h
-        do_base = DO + b64 * sd_b + i64 * sd_i + h * sd_h
-        k_base = K + b64 * sk_b + i64 * sk_i + h * sk_h
-        v_base = V + b64 * sv_b + i64 * sv_i + h * sv_h
-        bias_base = BIAS + b64 * sb_b + h * sb_h
-        m_base = b64 * sm_b + i64 * sm_i
-        row_base = ((b64 * H + h) * I + i64) * J                      # into LSE, DELTA [B, H, I, J]
-        acc_base = DQ_ACC + tl.program_id(0).to(tl.int64) * J * BLOCK_D  # this program's dQ scratch row [J, D]
-        g_base = b64 * sg_b + i64 * sg_i + h * sg_h                   # into DQ, DK, DV (same layout)
-        scale2 = _base2(scale)
+def _fwd(Q, K, V, BIAS, KEY_BIAS, O, LSE,
+         sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
+         sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k,
+         so_b, so_i, so_j, so_h, so_d,
+         B, I, J, H, scale, J_BUCKET,
+         HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, STORE_LSE: tl.constexpr, FAST_EXP: tl.constexpr,
+         DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+    """o of one query tile of one row: online softmax in base 2 (the score t * scale2 applied inside the exponent's
+    FMA), or for sigmoid o = sum_k sigmoid(t) v; for a backward (STORE_LSE) also the base-2 log-sum-exp."""
+    jb, h, i, b64 = _query_tile_program(J, H, I, BLOCK_J)
+    offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_kt = tl.arange(0, BLOCK_K)
+    k_row = K + b64 * sk_b + i * sk_i + h * sk_h
+    v_row = V + b64 * sv_b + i * sv_i + h * sv_h
+    bias_rows = BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j
+    m_base = b64 * sm_b + i * sm_i
+    q = _load_tile(Q + b64 * sq_b + i * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)     # [BJ, D]
+    scale2 = _base2(scale)
+    m_run = tl.full([BLOCK_J], float("-inf"), dtype=tl.float32)
+    l_run = tl.zeros([BLOCK_J], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
+    # small loads (the key mask here, row statistics in the backward) are issued one iteration ahead by hand: the
+    # software pipeliner leaves them on the critical path
+    mask_next = _key_mask(KEY_BIAS, m_base, offs_kt, sm_k, J, HAS_KEY_BIAS)
+    for k0 in range(0, J, BLOCK_K):
+        offs_k = k0 + offs_kt
+        bias_t = _bias_tile(bias_rows, offs_j, offs_k, sb_k, J, scale)                          # [BJ, BK]
+        key_mask = mask_next                                                                    # [BK]
+        mask_next = _key_mask(KEY_BIAS, m_base, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
+        k, v, t = _key_tile_scores(q, k_row, v_row, bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J,
+                                   DOT_PREC)                                                    # t: [BJ, BK]
+        if SIGMOID:
+            acc += _dot(_sigmoid2(t * scale2, FAST_EXP).to(v.dtype), v, DOT_PREC)
+        else:
+            m_new = tl.maximum(m_run, tl.max(t, 1) * scale2)     # scale2 > 0: max(t) * scale2 = max(t * scale2)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = _exp2(t * scale2 - m_safe[:, None], FAST_EXP)
+            alpha = _exp2(m_run - m_safe, FAST_EXP)
+            l_run = l_run * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_PREC)
+            m_run = m_new
+    if not SIGMOID:
+        has_key = l_run > 0.0
+        acc = acc / tl.where(has_key, l_run, 1.0)[:, None]
+    o_ptrs = O + b64 * so_b + i * so_i + h * so_h + offs_j[:, None] * so_j + offs_d[None, :] * so_d
+    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=offs_j[:, None] < J)
+    if STORE_LSE:
+        lse = tl.where(has_key, m_run + tl.log2(tl.where(has_key, l_run, 1.0)), float("inf"))
+        tl.store(LSE + ((b64 * H + h) * I + i) * J + offs_j, lse, mask=offs_j < J)
 
-        key_mask_next = _key_mask(KEY_BIAS, m_base, offs_kt, sm_k, J, HAS_KEY_BIAS)
-        for k0 in range(0, J, BLOCK_K):
-            tl.debug_barrier()   # every thread sees the dQ row as the last key tile left it
-            offs_k = k0 + offs_kt
-            key_mask = key_mask_next
-            key_mask_next = _key_mask(KEY_BIAS, m_base, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
-            k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                   # [BK, D]
-            v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                   # [BK, D]
-            dk = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
-            dv = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
-            # rows of dQ this key tile reads back / keeps in the scratch / writes out (the last key tile writes out)
-            rows_read = tl.where(k0 > 0, J, 0)
-            rows_keep = tl.where(k0 + BLOCK_K < J, J, 0)
-            rows_out = J - rows_keep
-            lse_next, delta_next = _row_stats(LSE, DELTA, row_base, offs_jt, offs_jt < J, SIGMOID)
-            for j0 in range(0, J, BLOCK_J):
-                offs_j = j0 + offs_jt
-                lse, delta = lse_next, delta_next
-                lse_next, delta_next = _row_stats(LSE, DELTA, row_base, offs_j + BLOCK_J, offs_j + BLOCK_J < J,
-                                                  SIGMOID)
-                bias_t = _bias_tile(bias_base + offs_k[:, None] * sb_k, offs_k, offs_j, sb_j, J, scale)  # [BK, BJ]
-                q = _load_tile(q_base, offs_j, offs_d, sq_j, sq_d, J)                              # [BJ, D]
-                do = _load_tile(do_base, offs_j, offs_d, sd_j, sd_d, J)                            # [BJ, D]
-                dk, dv, dst = _kv_tile_step(k, v, dk, dv, q, do, bias_t, key_mask, lse, delta, scale2, SIGMOID,
-                                            SPLIT_DS, FAST_EXP, DOT_PREC)
-                acc_ptrs = acc_base + offs_j[:, None] * BLOCK_D + offs_d[None, :]
-                dq = tl.load(acc_ptrs, mask=offs_j[:, None] < rows_read, other=0.0)
-                dq += _dot_split(dst, k, SPLIT_DS, DOT_PREC, TRANS_P=True)                          # [BJ, D]
-                tl.store(acc_ptrs, dq, mask=offs_j[:, None] < rows_keep)
-                g_ptrs = g_base + offs_j[:, None] * sg_j + offs_d[None, :] * sg_d
-                tl.store(DQ + g_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=offs_j[:, None] < rows_out)
-            g_ptrs = g_base + offs_k[:, None] * sg_j + offs_d[None, :] * sg_d
-            tl.store(DK + g_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=offs_k[:, None] < J)
-            tl.store(DV + g_ptrs, dv.to(DV.dtype.element_ty), mask=offs_k[:, None] < J)
+
+# ---------------------------------------------------------------------------------------------------------------
+# backward: dQ (and the exact delta), dbias, dK and dV
 
 
 @triton.jit
-def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
-              sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
-              sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
-              sg_b, sg_i, sg_j, sg_h, sg_d,
-              B, I, J, H, scale, J_BUCKET,
-              HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
-              FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
-              BLOCK_D: tl.constexpr, ROWS: tl.constexpr = 1, PREFETCH: tl.constexpr = 0):
-    """dK and dV (dQ comes from _bwd_dq): a persistent grid whose programs take the items (b, group of ROWS rows i,
-    h) pid, pid + programs, ... in turn; for each key tile a loop over query tiles accumulates dK, dV of each row in
-    registers. ROWS = 2 rows share each bias tile load (a second row past the end, odd I, is row I - 1 again and is
-    not stored). PREFETCH 1: the next query tile's q and dO (of the first row) are loaded one step ahead, as the
-    row statistics are (ncu, run 13: a third of the stall cycles wait on global loads at one pipeline stage); 2:
-    its bias tile too (32 more registers at 64x64: a little spill)."""
-    n_groups = tl.cdiv(I, ROWS)
-    for item in range(tl.program_id(0), B * n_groups * H, tl.num_programs(0)):
-        h = item % H
-        i0 = ((item // H) % n_groups * ROWS).to(tl.int64)
-        i1 = tl.minimum(i0 + 1, I - 1)
-        b64 = (item // (H * n_groups)).to(tl.int64)
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_jt = tl.arange(0, BLOCK_J)
-        offs_kt = tl.arange(0, BLOCK_K)
-        q_base = Q + b64 * sq_b + h * sq_h                              # + i * sq_i (and so on): row i's
-        do_base = DO + b64 * sd_b + h * sd_h
-        q_row0, do_row0 = q_base + i0 * sq_i, do_base + i0 * sd_i      # the first row's q, dO
-        k_base = K + b64 * sk_b + h * sk_h
-        v_base = V + b64 * sv_b + h * sv_h
-        bias_base = BIAS + b64 * sb_b + h * sb_h
-        row_base = (b64 * H + h) * I * J                                # + i * J: into LSE, DELTA [B, H, I, J]
-        g_base = b64 * sg_b + h * sg_h                                  # + i * sg_i: into DK, DV
-        scale2 = _base2(scale)
-
-        mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
-        if ROWS == 2:
-            mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
-        for k0 in range(0, J, BLOCK_K):
-            offs_k = k0 + offs_kt
-            mask0 = mask_next0                                                                      # [BK]
-            mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
-            k_0 = _load_tile(k_base + i0 * sk_i, offs_k, offs_d, sk_j, sk_d, J)                     # [BK, D]
-            v_0 = _load_tile(v_base + i0 * sv_i, offs_k, offs_d, sv_j, sv_d, J)                     # [BK, D]
-            dk0 = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
-            dv0 = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
-            lse_next0, delta_next0 = _row_stats(LSE, DELTA, row_base + i0 * J, offs_jt, offs_jt < J, SIGMOID)
-            bias_rows = bias_base + offs_k[:, None] * sb_k                  # this key tile's rows of the bias
-            if PREFETCH == 2:
-                bias_next = _bias_tile(bias_rows, offs_k, offs_jt, sb_j, J, scale)
-            if PREFETCH >= 1:
-                q_next0 = _load_tile(q_row0, offs_jt, offs_d, sq_j, sq_d, J)                           # [BJ, D]
-                do_next0 = _load_tile(do_row0, offs_jt, offs_d, sd_j, sd_d, J)                         # [BJ, D]
-            if ROWS == 2:
-                mask1 = mask_next1
-                mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
-                k_1 = _load_tile(k_base + i1 * sk_i, offs_k, offs_d, sk_j, sk_d, J)
-                v_1 = _load_tile(v_base + i1 * sv_i, offs_k, offs_d, sv_j, sv_d, J)
-                dk1 = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
-                dv1 = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
-                lse_next1, delta_next1 = _row_stats(LSE, DELTA, row_base + i1 * J, offs_jt, offs_jt < J, SIGMOID)
-            for j0 in range(0, J, BLOCK_J):
-                offs_j = j0 + offs_jt
-                # the row statistics of the next query tile are loaded one step ahead (as the key mask)
-                lse0, delta0 = lse_next0, delta_next0
-                lse_next0, delta_next0 = _row_stats(LSE, DELTA, row_base + i0 * J, offs_j + BLOCK_J,
-                                                    offs_j + BLOCK_J < J, SIGMOID)
-                if PREFETCH == 2:
-                    bias_t = bias_next                                                              # [BK, BJ]
-                    bias_next = _bias_tile(bias_rows, offs_k, offs_j + BLOCK_J, sb_j, J, scale)
-                else:
-                    bias_t = _bias_tile(bias_rows, offs_k, offs_j, sb_j, J, scale)
-                if PREFETCH >= 1:
-                    q0, do0 = q_next0, do_next0
-                    q_next0 = _load_tile(q_row0, offs_j + BLOCK_J, offs_d, sq_j, sq_d, J)
-                    do_next0 = _load_tile(do_row0, offs_j + BLOCK_J, offs_d, sd_j, sd_d, J)
-                else:
-                    q0 = _load_tile(q_row0, offs_j, offs_d, sq_j, sq_d, J)                             # [BJ, D]
-                    do0 = _load_tile(do_row0, offs_j, offs_d, sd_j, sd_d, J)                           # [BJ, D]
-                dk0, dv0, _ = _kv_tile_step(k_0, v_0, dk0, dv0, q0, do0, bias_t, mask0, lse0, delta0, scale2,
-                                            SIGMOID, SPLIT_DS, FAST_EXP, DOT_PREC)
-                if ROWS == 2:
-                    lse1, delta1 = lse_next1, delta_next1
-                    lse_next1, delta_next1 = _row_stats(LSE, DELTA, row_base + i1 * J, offs_j + BLOCK_J,
-                                                        offs_j + BLOCK_J < J, SIGMOID)
-                    q1 = _load_tile(q_base + i1 * sq_i, offs_j, offs_d, sq_j, sq_d, J)
-                    do1 = _load_tile(do_base + i1 * sd_i, offs_j, offs_d, sd_j, sd_d, J)
-                    dk1, dv1, _ = _kv_tile_step(k_1, v_1, dk1, dv1, q1, do1, bias_t, mask1, lse1, delta1, scale2,
-                                                SIGMOID, SPLIT_DS, FAST_EXP, DOT_PREC)
-            g_ptrs = g_base + offs_k[:, None] * sg_j + offs_d[None, :] * sg_d
-            tl.store(DK + g_ptrs + i0 * sg_i, (dk0 * scale).to(DK.dtype.element_ty), mask=offs_k[:, None] < J)
-            tl.store(DV + g_ptrs + i0 * sg_i, dv0.to(DV.dtype.element_ty), mask=offs_k[:, None] < J)
-            if ROWS == 2:
-                rows_1 = tl.where(i0 + 1 < I, J, 0)                      # 0: row I - 1 again, not stored
-                tl.store(DK + g_ptrs + i1 * sg_i, (dk1 * scale).to(DK.dtype.element_ty),
-                         mask=offs_k[:, None] < rows_1)
-                tl.store(DV + g_ptrs + i1 * sg_i, dv1.to(DV.dtype.element_ty), mask=offs_k[:, None] < rows_1)
+def _dq_row_start(Q, DO, O, LSE, q_base, do_base, o_base, row_base, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d,
+                  so_j, so_d, J, SIGMOID: tl.constexpr):
+    """q, dO [BJ, D] and lse, delta0 [BJ] of one row; delta0 = rowsum(dO * o) from the rounded output o (softmax;
+    sigmoid needs neither statistic)."""
+    q = _load_tile(Q + q_base, offs_j, offs_d, sq_j, sq_d, J)                              # [BJ, D]
+    do = _load_tile(DO + do_base, offs_j, offs_d, sd_j, sd_d, J)                           # [BJ, D]
+    if SIGMOID:
+        lse = tl.zeros(offs_j.shape, dtype=tl.float32)
+        delta = lse
+    else:
+        lse = tl.load(LSE + row_base + offs_j, mask=offs_j < J, other=float("inf"))
+        o = _load_tile(O + o_base, offs_j, offs_d, so_j, so_d, J)                          # [BJ, D]
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)                            # delta0 [BJ]
+    return q, do, lse, delta
 
 
 @triton.jit
 def _dq_row_step(q, do, k_base, v_base, bias_t, key_mask, lse, delta, dq, p_dp, p_sum, pk, offs_k, offs_d,
                  sk_j, sk_d, sv_j, sv_d, J, scale2, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
-                 COMPUTE_DELTA: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr):
-    """One key tile of one row of _bwd_dq: dq += dS k, and with COMPUTE_DELTA the sums of p * dP, p and p k."""
+                 FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One key tile of one row of _bwd_dq: dq += dS k, and for softmax the sums of p * dP, p and p k."""
     k, v, t = _key_tile_scores(q, k_base, v_base, bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J,
                                DOT_PREC)                                                   # t: [BJ, BK]
     dp = _dot(do, tl.trans(v), DOT_PREC)                                                   # [BJ, BK]
     p, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
     dq += _dot_split(ds, k, SPLIT_DS, DOT_PREC)                                            # [BJ, D]
-    if COMPUTE_DELTA:
+    if not SIGMOID:
         p_dp += tl.sum(p * dp, 1)
         p_sum += tl.sum(p, 1)
         pk = _dot(p.to(k.dtype), k, DOT_PREC, acc=pk)                                      # [BJ, D]
@@ -500,27 +254,10 @@ def _dq_row_step(q, do, k_base, v_base, bias_t, key_mask, lse, delta, dq, p_dp, 
 
 
 @triton.jit
-def _dq_row_start(Q, DO, O, LSE, DELTA, q_base, do_base, o_base, row_base, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d,
-                  so_j, so_d, J, SIGMOID: tl.constexpr, COMPUTE_DELTA: tl.constexpr):
-    """q, dO [BJ, D] and lse, delta [BJ] of one row (delta: rowsum(dO * o) from the rounded output o when
-    COMPUTE_DELTA, else the given one)."""
-    in_j = offs_j < J
-    q = _load_tile(Q + q_base, offs_j, offs_d, sq_j, sq_d, J)                              # [BJ, D]
-    do = _load_tile(DO + do_base, offs_j, offs_d, sd_j, sd_d, J)                           # [BJ, D]
-    if COMPUTE_DELTA:
-        lse = tl.load(LSE + row_base + offs_j, mask=in_j, other=float("inf"))
-        o = _load_tile(O + o_base, offs_j, offs_d, so_j, so_d, J)                          # [BJ, D]
-        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)                            # delta0 [BJ]
-    else:
-        lse, delta = _row_stats(LSE, DELTA, row_base, offs_j, in_j, SIGMOID)
-    return q, do, lse, delta
-
-
-@triton.jit
 def _dq_row_store(dq, delta0, p_dp, p_sum, pk, DQ, DELTA, g_base, row_base, offs_j, offs_d, sg_j, sg_d, J, scale,
-                  COMPUTE_DELTA: tl.constexpr):
+                  SIGMOID: tl.constexpr):
     in_j = offs_j < J        # J: 0 for a row past the end
-    if COMPUTE_DELTA:
+    if not SIGMOID:
         # delta = E_p[dP] with p as this backward recomputes it: its sum over keys misses 1 by the rounding of lse
         # (an ulp of |score|, 1e-3 at scores of 1e4); normalising keeps sum_k dS = 0 there as well
         delta_exact = p_dp / tl.where(p_sum > 0.0, p_sum, 1.0)
@@ -538,14 +275,14 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ,
             B, I, J, H, scale, J_BUCKET,
             HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr, FAST_EXP: tl.constexpr,
             DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-            COMPUTE_DELTA: tl.constexpr = False, ROWS: tl.constexpr = 1):
-    """dQ alone, one program per (query tile, head, ROWS rows, batch) as the forward: a loop over key tiles
-    recomputes p and dS = p (dP - delta) and accumulates dQ = dS k in registers (no scratch, no transpose). With
-    _bwd_dqkv(COMPUTE_DQ=False) it replaces the fused dq/dk/dv kernel at the cost of one more recomputation.
+            ROWS: tl.constexpr = 1):
+    """dQ, one program per (query tile, head, ROWS rows, batch) as the forward: a loop over key tiles recomputes p
+    and dS = p (dP - delta) and accumulates dQ = dS k in registers. ROWS = 2 rows share each bias tile load; a
+    second row past the end (odd I) is computed on row I - 1 and not stored.
 
-    COMPUTE_DELTA (softmax): delta is not given but made here, exactly, for this kernel and the later ones. The loop
-    runs with delta0 = rowsum(dO * o) from the rounded output o and also sums the exact delta = rowsum(p * dP)
-    (= dO . sum_k p_k v_k, the unrounded output) and pk = sum_k p_k k_k; since dQ is linear in delta,
+    Softmax: delta is made here, exactly, for this kernel and the later ones. The loop runs with delta0 =
+    rowsum(dO * o) from the rounded output o and also sums the exact delta = rowsum(p * dP) (= dO . sum_k p_k v_k,
+    the unrounded output) and pk = sum_k p_k k_k; since dQ is linear in delta,
         dQ(delta) = dQ(delta0) - (delta - delta0) pk,
     and the correction is exact to the product of two small errors (delta - delta0 ~ 2^-9 delta, pk's rounding of p
     ~ 2^-9): the output's rounding residual need not be stored (TurboPairFormer compensates it as well)."""
@@ -559,20 +296,20 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ,
     bias_base = BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j
     row_base = (b64 * H + h) * I * J                                 # + i * J: into LSE, DELTA [B, H, I, J]
     scale2 = _base2(scale)
-    q0, do0, lse0, delta0 = _dq_row_start(Q, DO, O, LSE, DELTA, b64 * sq_b + i0 * sq_i + h * sq_h,
+    q0, do0, lse0, delta0 = _dq_row_start(Q, DO, O, LSE, b64 * sq_b + i0 * sq_i + h * sq_h,
                                           b64 * sd_b + i0 * sd_i + h * sd_h, b64 * so_b + i0 * so_i + h * so_h,
                                           row_base + i0 * J, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d, so_j, so_d, J,
-                                          SIGMOID, COMPUTE_DELTA)
+                                          SIGMOID)
     dq0 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
     p_dp0 = tl.zeros([BLOCK_J], dtype=tl.float32)
     p_sum0 = tl.zeros([BLOCK_J], dtype=tl.float32)
     pk0 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
     mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
     if ROWS == 2:
-        q1, do1, lse1, delta1 = _dq_row_start(Q, DO, O, LSE, DELTA, b64 * sq_b + i1 * sq_i + h * sq_h,
+        q1, do1, lse1, delta1 = _dq_row_start(Q, DO, O, LSE, b64 * sq_b + i1 * sq_i + h * sq_h,
                                               b64 * sd_b + i1 * sd_i + h * sd_h, b64 * so_b + i1 * so_i + h * so_h,
                                               row_base + i1 * J, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d, so_j,
-                                              so_d, J, SIGMOID, COMPUTE_DELTA)
+                                              so_d, J, SIGMOID)
         dq1 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
         p_dp1 = tl.zeros([BLOCK_J], dtype=tl.float32)
         p_sum1 = tl.zeros([BLOCK_J], dtype=tl.float32)
@@ -585,21 +322,19 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ,
         mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
         dq0, p_dp0, p_sum0, pk0 = _dq_row_step(q0, do0, k_base + i0 * sk_i, v_base + i0 * sv_i, bias_t, mask0,
                                                lse0, delta0, dq0, p_dp0, p_sum0, pk0, offs_k, offs_d, sk_j, sk_d,
-                                               sv_j, sv_d, J, scale2, SIGMOID, SPLIT_DS, COMPUTE_DELTA, FAST_EXP,
-                                               DOT_PREC)
+                                               sv_j, sv_d, J, scale2, SIGMOID, SPLIT_DS, FAST_EXP, DOT_PREC)
         if ROWS == 2:
             mask1 = mask_next1
             mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
             dq1, p_dp1, p_sum1, pk1 = _dq_row_step(q1, do1, k_base + i1 * sk_i, v_base + i1 * sv_i, bias_t, mask1,
                                                    lse1, delta1, dq1, p_dp1, p_sum1, pk1, offs_k, offs_d, sk_j, sk_d,
-                                                   sv_j, sv_d, J, scale2, SIGMOID, SPLIT_DS, COMPUTE_DELTA, FAST_EXP,
-                                                   DOT_PREC)
+                                                   sv_j, sv_d, J, scale2, SIGMOID, SPLIT_DS, FAST_EXP, DOT_PREC)
     g_base = b64 * sg_b + h * sg_h
     _dq_row_store(dq0, delta0, p_dp0, p_sum0, pk0, DQ, DELTA, g_base + i0 * sg_i, row_base + i0 * J, offs_j,
-                  offs_d, sg_j, sg_d, J, scale, COMPUTE_DELTA)
+                  offs_d, sg_j, sg_d, J, scale, SIGMOID)
     if ROWS == 2:
-        _dq_row_store(dq1, delta1, p_dp1, p_sum1, pk1, DQ, DELTA, g_base + i1 * sg_i, row_base + i1 * J, offs_j, offs_d,
-                      sg_j, sg_d, tl.where(i0 + 1 < I, J, 0), scale, COMPUTE_DELTA)
+        _dq_row_store(dq1, delta1, p_dp1, p_sum1, pk1, DQ, DELTA, g_base + i1 * sg_i, row_base + i1 * J, offs_j,
+                      offs_d, sg_j, sg_d, tl.where(i0 + 1 < I, J, 0), scale, SIGMOID)
 
 
 @triton.jit
@@ -621,8 +356,9 @@ def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DBIAS,
                B, I, J, H, scale, rows_per_chunk, J_BUCKET,
                HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr,
                BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
-    # program order: key tile fastest, then query tile, head, batch, and the chunk of rows slowest, so that the
-    # programs in flight walk the same rows i together and read each row's q, k, v, dO from HBM once.
+    """dbias of one (query tile, key tile) summed over the rows i of one chunk, in order: the bias tile stays in
+    registers. Program order: key tile fastest, then query tile, head, batch, and the chunk of rows slowest, so that
+    the programs in flight walk the same rows i together and read each row's q, k, v, dO from HBM once."""
     pid = tl.program_id(0)
     n_kb = tl.cdiv(J, BLOCK_K)
     n_jb = tl.cdiv(J, BLOCK_J)
@@ -636,11 +372,7 @@ def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DBIAS,
     offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
     in_j = offs_j < J
-    in_k = offs_k < J
-    tile_mask = in_j[:, None] & in_k[None, :]
-    bias = tl.load(BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j + offs_k[None, :] * sb_k,
-                   mask=tile_mask, other=0.0).to(tl.float32)
-    bias_t = bias * (1.0 / scale)      # the bias in raw-score units (t = q.k + bias / scale)
+    bias_t = _bias_tile(BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j, offs_j, offs_k, sb_k, J, scale)
     scale2 = _base2(scale)
     acc = tl.zeros([BLOCK_J, BLOCK_K], dtype=tl.float32)
     i_start = c * rows_per_chunk
@@ -656,14 +388,13 @@ def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DBIAS,
                                                                  HAS_KEY_BIAS, SIGMOID)
         q = _load_tile(Q + b64 * sq_b + i64 * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)
         do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J)
-        k = _load_tile(K + b64 * sk_b + i64 * sk_i + h * sk_h, offs_k, offs_d, sk_j, sk_d, J)
-        v = _load_tile(V + b64 * sv_b + i64 * sv_i + h * sv_h, offs_k, offs_d, sv_j, sv_d, J)
-        t = _dot(q, tl.trans(k), DOT_PREC, acc=bias_t + key_mask[None, :])
+        k, v, t = _key_tile_scores(q, K + b64 * sk_b + i64 * sk_i + h * sk_h, V + b64 * sv_b + i64 * sv_i + h * sv_h,
+                                   bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J, DOT_PREC)
         dp = _dot(do, tl.trans(v), DOT_PREC)
         _, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
         acc += ds
     out_ptrs = DBIAS + c.to(tl.int64) * so_c + b64 * so_b + h * so_h + offs_j[:, None] * so_j + offs_k[None, :] * so_k
-    tl.store(out_ptrs, acc.to(DBIAS.dtype.element_ty), mask=tile_mask)
+    tl.store(out_ptrs, acc.to(DBIAS.dtype.element_ty), mask=in_j[:, None] & (offs_k[None, :] < J))
 
 
 @triton.jit
@@ -675,3 +406,88 @@ def _sum_chunks(PART, OUT, n_chunks, n_elem, BLOCK: tl.constexpr):
     for c in range(0, n_chunks):
         acc += tl.load(PART + tl.cast(c, tl.int64) * n_elem + offs, mask=inside, other=0.0)
     tl.store(OUT + offs, acc.to(OUT.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _kv_tile_step(k, v, dk, dv, q, do, bias_t, key_mask, lse, delta, scale2, SIGMOID: tl.constexpr,
+                  SPLIT_DS: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One (key tile, query tile) step of one row i for dK, dV, computed transposed, [key, query] (as
+    FlashAttention-2's backward): p^T and dS^T are the A operands of dV += p^T dO and dK += dS^T q straight from
+    registers. q, do [BJ, D] are the query tile's; bias_t [BK, BJ] is the bias tile in raw-score units, key_mask [BK]
+    and lse, delta [BJ] this row's."""
+    tt = _dot(k, tl.trans(q), DOT_PREC, acc=bias_t + key_mask[:, None])                    # [BK, BJ]
+    dpt = _dot(v, tl.trans(do), DOT_PREC)                                                  # [BK, BJ]
+    pt, dst = _probs_and_dscores(tt, scale2, dpt, lse[None, :], delta[None, :], SIGMOID, FAST_EXP)
+    dv += _dot_split(pt, do, False, DOT_PREC)    # [BK, D]; p's rounding shows only in dv, as its own output's
+    dk += _dot_split(dst, q, SPLIT_DS, DOT_PREC)                                           # [BK, D]
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
+              sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
+              sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
+              sg_b, sg_i, sg_j, sg_h, sg_d,
+              B, I, J, H, scale, J_BUCKET,
+              HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
+              FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
+              BLOCK_D: tl.constexpr, PREFETCH: tl.constexpr = 0):
+    """dK and dV: a persistent grid whose programs take the rows (b, i, h) pid, pid + programs, ... in turn; for each
+    key tile a loop over query tiles accumulates dK, dV in registers. PREFETCH 1: the next query tile's q and dO are
+    loaded one step ahead, as the row statistics are (with one pipeline stage they are otherwise loaded at the top
+    of each step, on the critical path); 2: its bias tile too."""
+    for item in range(tl.program_id(0), B * I * H, tl.num_programs(0)):
+        h = item % H
+        i = ((item // H) % I).to(tl.int64)
+        b64 = (item // (H * I)).to(tl.int64)
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_jt = tl.arange(0, BLOCK_J)
+        offs_kt = tl.arange(0, BLOCK_K)
+        q_row = Q + b64 * sq_b + h * sq_h + i * sq_i
+        do_row = DO + b64 * sd_b + h * sd_h + i * sd_i
+        k_row = K + b64 * sk_b + h * sk_h + i * sk_i
+        v_row = V + b64 * sv_b + h * sv_h + i * sv_i
+        bias_base = BIAS + b64 * sb_b + h * sb_h
+        m_base = b64 * sm_b + i * sm_i
+        row_base = ((b64 * H + h) * I + i) * J                          # into LSE, DELTA [B, H, I, J]
+        scale2 = _base2(scale)
+
+        mask_next = _key_mask(KEY_BIAS, m_base, offs_kt, sm_k, J, HAS_KEY_BIAS)
+        for k0 in range(0, J, BLOCK_K):
+            offs_k = k0 + offs_kt
+            key_mask = mask_next                                                                    # [BK]
+            mask_next = _key_mask(KEY_BIAS, m_base, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
+            k = _load_tile(k_row, offs_k, offs_d, sk_j, sk_d, J)                                    # [BK, D]
+            v = _load_tile(v_row, offs_k, offs_d, sv_j, sv_d, J)                                    # [BK, D]
+            dk = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
+            dv = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
+            lse_next, delta_next = _row_stats(LSE, DELTA, row_base, offs_jt, offs_jt < J, SIGMOID)
+            bias_rows = bias_base + offs_k[:, None] * sb_k                  # this key tile's rows of the bias
+            if PREFETCH == 2:
+                bias_next = _bias_tile(bias_rows, offs_k, offs_jt, sb_j, J, scale)
+            if PREFETCH >= 1:
+                q_next = _load_tile(q_row, offs_jt, offs_d, sq_j, sq_d, J)                           # [BJ, D]
+                do_next = _load_tile(do_row, offs_jt, offs_d, sd_j, sd_d, J)                         # [BJ, D]
+            for j0 in range(0, J, BLOCK_J):
+                offs_j = j0 + offs_jt
+                # the row statistics of the next query tile are loaded one step ahead (as the key mask)
+                lse, delta = lse_next, delta_next
+                lse_next, delta_next = _row_stats(LSE, DELTA, row_base, offs_j + BLOCK_J, offs_j + BLOCK_J < J,
+                                                  SIGMOID)
+                if PREFETCH == 2:
+                    bias_t = bias_next                                                              # [BK, BJ]
+                    bias_next = _bias_tile(bias_rows, offs_k, offs_j + BLOCK_J, sb_j, J, scale)
+                else:
+                    bias_t = _bias_tile(bias_rows, offs_k, offs_j, sb_j, J, scale)
+                if PREFETCH >= 1:
+                    q, do = q_next, do_next
+                    q_next = _load_tile(q_row, offs_j + BLOCK_J, offs_d, sq_j, sq_d, J)
+                    do_next = _load_tile(do_row, offs_j + BLOCK_J, offs_d, sd_j, sd_d, J)
+                else:
+                    q = _load_tile(q_row, offs_j, offs_d, sq_j, sq_d, J)                             # [BJ, D]
+                    do = _load_tile(do_row, offs_j, offs_d, sd_j, sd_d, J)                           # [BJ, D]
+                dk, dv = _kv_tile_step(k, v, dk, dv, q, do, bias_t, key_mask, lse, delta, scale2,
+                                       SIGMOID, SPLIT_DS, FAST_EXP, DOT_PREC)
+            g_ptrs = b64 * sg_b + h * sg_h + i * sg_i + offs_k[:, None] * sg_j + offs_d[None, :] * sg_d
+            tl.store(DK + g_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=offs_k[:, None] < J)
+            tl.store(DV + g_ptrs, dv.to(DV.dtype.element_ty), mask=offs_k[:, None] < J)

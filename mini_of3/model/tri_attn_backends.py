@@ -110,8 +110,11 @@ def tri_attn_backend(name: str, activation: str = "softmax") -> Attend:
 def pair_bias_attention(name: str) -> Attend:
     """Softmax attention with pair bias for the single track (AF3 SI Alg 24): the triangle kernel with I = samples.
 
-    Uses our Triton kernel for ``mini_of3`` (and for ``auto`` and the anchors on CUDA) when the head dim is one the
-    kernel supports (16, 32, 64, 128), else the PyTorch reference: AF3's single attention has head dim 24.
+    ``name`` is ``model.tri_attn_backend``, but the anchors do not take part here: with ``trifast``, ``cueq`` or
+    ``of3_triton`` chosen, this attention still runs OUR kernel (on CUDA; the reference on CPU), as with ``auto``, so
+    a backend comparison swaps the triangle attention only. ``mini_of3`` forces the Triton kernel, ``torch`` the
+    reference. Either way the reference takes over where the kernel lacks the head dim (it supports 16, 32, 64,
+    128): AF3's single attention has head dim 24.
     """
     if name not in TRI_ATTN_BACKENDS:
         raise ValueError(f"tri_attn_backend must be one of {TRI_ATTN_BACKENDS}, got {name!r}")

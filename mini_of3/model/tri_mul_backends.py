@@ -4,8 +4,8 @@
                             norm_out_weight, norm_out_bias, p_out_weight, g_out_weight, eps) -> [B, N, N, C]
 
 ``torch`` is the plain PyTorch version below, ``cueq`` cuEquivariance's fused ``triangle_multiplicative_update``
-(imported only when chosen), ``mini_of3`` our fused kernel once ``mini_of3.kernels`` exports
-``triangle_multiplication``, ``auto`` the torch version for now.
+(imported only when chosen), ``auto`` the torch version. ``mini_of3`` (our fused kernel) joins the list once
+``mini_of3.kernels`` exports ``triangle_multiplication``; until then the config rejects it.
 """
 from __future__ import annotations
 
@@ -14,11 +14,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-import mini_of3.kernels as kernels
 from mini_of3.model.norm import layer_norm
 from mini_of3.model.tri_attn_backends import import_anchor
 
-TRI_MUL_BACKENDS = ("auto", "mini_of3", "torch", "cueq")
+TRI_MUL_BACKENDS = ("auto", "torch", "cueq")
 
 
 def triangle_multiplication_torch(
@@ -84,23 +83,10 @@ def _cueq(fn) -> Callable:
     return update
 
 
-def _mini_of3() -> Callable:
-    fn = getattr(kernels, "triangle_multiplication", None)
-    if fn is None:
-        raise NotImplementedError("tri_mul_backend='mini_of3' needs mini_of3.kernels.triangle_multiplication, the "
-                                  "fused kernel of a later issue; use 'torch' (or 'auto') until it exists")
-
-    def update(z, mask=None, **weights):
-        return fn(z, mask, backend="triton", **weights)
-    return update
-
-
 def tri_mul_backend(name: str) -> Callable:
     """The triangle multiplication function for ``model.tri_mul_backend`` = ``name`` (imports cueq now if chosen)."""
     if name not in TRI_MUL_BACKENDS:
         raise ValueError(f"tri_mul_backend must be one of {TRI_MUL_BACKENDS}, got {name!r}")
     if name in ("auto", "torch"):
         return triangle_multiplication_torch
-    if name == "mini_of3":
-        return _mini_of3()
     return _cueq(import_anchor("cueq", "cuequivariance_torch", "triangle_multiplicative_update"))

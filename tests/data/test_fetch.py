@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mini_of3.data.fetch import FetchError, fetch_ids, main, normalize_id, read_id_file
+from mini_of3.data.download import FetchError, fetch_ids, normalize_id, read_id_file
+from mini_of3.data.fetch import main
 from mini_of3.data.offline import OFFLINE_DIR, OFFLINE_ENTRIES, ensure_offline_entries, fetch_offline_package
 
 from .helpers import plain_text

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mini_of3.kernels import triangle_attention, triangle_attention_ref
-from mini_of3.kernels.triangle_attention import launch_config
+from mini_of3.kernels.launch import LaunchConfig, algorithm, launch_config
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # relative Frobenius error against float64. The interpreter rounds float32 -> bf16 by truncation (twice the error
@@ -120,72 +120,58 @@ def test_bitwise_repeat_and_chunked_bias_gradient():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("backward", [dict(separate_dq=True), dict(separate_dq=False, residual="int8"),
-                                      dict(separate_dq=False, residual="input")])
-def test_delta_is_exact_despite_the_rounded_output(dtype, backward):
-    """delta = rowsum(dO * O) must use the unrounded O. The separate dQ kernel (default) makes it exactly as
-    rowsum(p * dP) and corrects its own dQ for the rounded output's delta; the fused backward keeps the output's
-    rounding residual (int8, or in the output's dtype). Either way the float32 bias gradient stays near float32
-    accuracy (below 2e-5 here, with the interpreter's truncating casts); a delta from the rounded output alone fails
-    this bound."""
+def test_delta_is_exact_despite_the_rounded_output(dtype):
+    """delta = rowsum(dO * O) must use the unrounded O. The dQ kernel makes it exactly as rowsum(p * dP) and corrects
+    its own dQ for the rounded output's delta, so the float32 bias gradient stays near float32 accuracy (below 2e-5
+    here, with the interpreter's truncating casts); a delta from the rounded output alone fails this bound."""
     q, k, v, bias, mask, do = make_inputs(1, 6, 40, 2, 32, dtype, masked=True, transposed=False)
-    with launch_config(**backward):
-        got = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
+    got = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
     ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
     assert rel_err(got[4], ref[4]) < 2e-5, rel_err(got[4], ref[4])
 
 
-@pytest.mark.parametrize("N, dtype, activation, transposed", [(17, torch.bfloat16, "softmax", False),
-                                                              (33, torch.float32, "sigmoid", True)])
-def test_separate_and_fused_dq_backwards_agree(N, dtype, activation, transposed):
-    """The two backwards (LaunchConfig.separate_dq, default on, and the fused dq/dk/dv kernel) both match the
-    reference; dv does not depend on delta and is bitwise the same, as are all gradients for sigmoid (no delta).
-    p is split in both forwards (by default only for the fused backward), so that o is the same."""
-    q, k, v, bias, mask, do = make_inputs(1, 3, N, 2, 16, dtype, masked=True, transposed=transposed)
-    kw = dict(activation=activation, backend="triton")
-    with launch_config(separate_dq=False, split_p=True):
-        fused = run(triangle_attention, q, k, v, bias, mask, do, **kw)
-    with launch_config(separate_dq=True, split_p=True):
-        separate = run(triangle_attention, q, k, v, bias, mask, do, **kw)
-    ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double(), activation=activation)
-    for name, g, f, r in zip(("o", "dq", "dk", "dv", "dbias"), separate, fused, ref):
-        tolerance = TOLERANCE[dtype if name != "dbias" else torch.float32]
-        assert rel_err(g, r) < tolerance, (name, rel_err(g, r))
-        # the fused backward's delta carries the int8 residual's 2^-15: dbias 2.02e-5 on the H200 (run 9)
-        assert rel_err(f, r) < (2 * tolerance if name == "dbias" else tolerance), (name, rel_err(f, r))
-        if name in ("o", "dv") or (activation == "sigmoid" and name != "dq"):
-            assert torch.equal(g, f), name
+def test_split_ds_off_reaches_the_kernels():
+    """``algorithm(split_ds=False)`` rounds dS to bf16 before dS @ k and dS^T @ q: dq and dk change (within the bf16
+    bound), o and dv (which do not use those products) stay bitwise the same."""
+    q, k, v, bias, mask, do = make_inputs(1, 3, 33, 2, 16, torch.bfloat16, masked=True, transposed=False)
+    split = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
+    with algorithm(split_ds=False):
+        rounded = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
+    ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
+    for name, a, b, r in zip(("o", "dq", "dk", "dv", "dbias"), split, rounded, ref):
+        assert rel_err(b, r) < TOLERANCE[torch.bfloat16 if name != "dbias" else torch.float32], name
+        assert torch.equal(a, b) == (name not in ("dq", "dk")), name
 
 
-@pytest.mark.parametrize("separate_dq", [True, False])
-def test_bool_and_float_key_masks_agree_bitwise(separate_dq):
-    """The caller's bool mask read in the kernels (default, no copy; here a non-contiguous view) and the float32 key
-    bias built from it give the same bits: both add exactly 0 or -inf to the scores."""
+def test_mask_view_and_its_copy_agree_bitwise():
+    """The caller's bool mask is read in the kernels with its own strides (no copy): a non-contiguous view and its
+    contiguous copy give the same bits."""
     q, k, v, bias, mask, do = make_inputs(1, 5, 19, 2, 16, torch.bfloat16, masked=True, transposed=False)
-    mask = mask.transpose(1, 2).contiguous().transpose(1, 2)          # [B, I, K] with strides of [B, K, I]
-    runs = []
-    for key_mask in ("bool", "float"):
-        with launch_config(key_mask=key_mask, separate_dq=separate_dq):
-            runs.append(run(triangle_attention, q, k, v, bias, mask, do, backend="triton"))
+    view = mask.transpose(1, 2).contiguous().transpose(1, 2)          # [B, I, K] with strides of [B, K, I]
+    runs = [run(triangle_attention, q, k, v, bias, m, do, backend="triton") for m in (view, mask)]
     for name, a, b in zip(("o", "dq", "dk", "dv", "dbias"), *runs):
         assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("separate_dq,rows,prefetch", [(True, 1, 0), (True, 1, 1), (True, 1, 2), (True, 2, 0),
-                                                        (True, 2, 2), (False, 1, 0)])
-def test_small_tiles_cover_many_tile_loops(separate_dq, rows, prefetch):
-    """16 x 16 tiles: many key and query tiles per row, partial last tiles (and in the fused backward several dQ
-    read-modify-writes); one or two rows per forward / dQ program, over an odd number of rows; square and 16 x 32
-    dbias tiles; the dK/dV kernel's q, dO (and bias) loaded in place or one query tile ahead (past the last tile:
-    masked)."""
+@pytest.mark.parametrize("dq_rows,prefetch", [(1, 0), (1, 1), (1, 2), (2, 0), (2, 2)])
+def test_small_tiles_cover_many_tile_loops(dq_rows, prefetch):
+    """16 x 16 tiles: many key and query tiles per row, partial last tiles; one or two rows per dQ program, over an
+    odd number of rows; square and 16 x 32 dbias tiles; the dK/dV kernel's q, dO (and bias) loaded in place or one
+    query tile ahead (past the last tile: masked)."""
     q, k, v, bias, mask, do = make_inputs(1, 3, 37, 1, 16, torch.float32, masked=True, transposed=True)
-    with launch_config(fwd_block_j=16, fwd_block_k=16, dq_block_j=16, dq_block_k=16, bwd_block_j=16, bwd_block_k=16,
-                       dbias_block=16, dbias_block_k=16 * rows, separate_dq=separate_dq, fwd_rows=rows,
-                       dq_rows=rows, bwd_rows=rows, bwd_prefetch=prefetch):
+    with launch_config(fwd_block_j=16, fwd_block_k=16, dq_block_j=16, dq_block_k=16, dq_rows=dq_rows,
+                       dbias_block_j=16, dbias_block_k=16 * dq_rows, dkdv_block_j=16, dkdv_block_k=16,
+                       dkdv_prefetch=prefetch):
         got = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
     ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
     for g, r in zip(got, ref):
         assert rel_err(g, r) < TOLERANCE[torch.float32]
+
+
+def test_launch_config_takes_keywords_only():
+    with pytest.raises(TypeError):
+        LaunchConfig(32, 32)
+    assert LaunchConfig(fwd_block_j=32).fwd_block_j == 32
 
 
 def test_custom_sigmoid_bias_and_scale():
@@ -243,7 +229,7 @@ def test_autotuned_launch_reuses_the_choice_per_key(monkeypatch):
     import sys
 
     import triton
-    module = sys.modules["mini_of3.kernels.triangle_attention"]
+    module = sys.modules["mini_of3.kernels.launch"]
     calls = []
 
     class Launcher:
@@ -258,31 +244,30 @@ def test_autotuned_launch_reuses_the_choice_per_key(monkeypatch):
     monkeypatch.setattr(module, "_chosen", {})
     monkeypatch.setattr(module, "_autotune_enabled", lambda: True)
     grid = lambda meta: (10 * meta["BLOCK_J"],)  # noqa: E731
-    flags = dict(BLOCK_D=32, HAS_KEY_BIAS=True, SIGMOID=False, SPLIT_P=True)
+    flags = dict(BLOCK_D=32, HAS_KEY_BIAS=True, SIGMOID=False, SPLIT_DS=True)
     bf16 = torch.zeros(2, dtype=torch.bfloat16)
     for _ in range(3):
-        module._launch("fwd", Launcher("direct"), [], None, grid, (bf16, 3), 1024, flags, ("SPLIT_P",))
+        module._launch("fwd", Launcher("direct"), [], None, grid, (bf16, 3), 1024, flags, ("SPLIT_DS",))
     assert [kind for kind, _, _ in calls] == ["autotuner", "direct", "direct"]
     _, launch_grid, kwargs = calls[1]
-    assert launch_grid == (640,) and kwargs["BLOCK_J"] == 64 and kwargs["num_stages"] == 3 and kwargs["SPLIT_P"]
-    module._launch("fwd", Launcher("direct"), [], None, grid, (bf16.float(), 3), 1024, flags, ("SPLIT_P",))
+    assert launch_grid == (640,) and kwargs["BLOCK_J"] == 64 and kwargs["num_stages"] == 3 and kwargs["SPLIT_DS"]
+    module._launch("fwd", Launcher("direct"), [], None, grid, (bf16.float(), 3), 1024, flags, ("SPLIT_DS",))
     assert calls[-1][0] == "autotuner"
     # without autotuning (interpreter, MINI_OF3_AUTOTUNE=0, launch_config) the fixed config is launched as given
     monkeypatch.setattr(module, "_autotune_enabled", lambda: False)
     fixed = triton.Config({"BLOCK_J": 16, "BLOCK_K": 16}, num_warps=2, num_stages=1)
-    module._launch("fwd", Launcher("direct"), [], fixed, grid, (bf16, 3), 1024, flags, ("SPLIT_P",))
+    module._launch("fwd", Launcher("direct"), [], fixed, grid, (bf16, 3), 1024, flags, ("SPLIT_DS",))
     kind, launch_grid, kwargs = calls[-1]
     assert kind == "direct" and launch_grid == (160,) and kwargs["num_warps"] == 2 and kwargs["BLOCK_K"] == 16
 
 
-@pytest.mark.parametrize("dtype,separate_dq", [(torch.float32, True), (torch.bfloat16, True),
-                                               (torch.bfloat16, False)])   # bf16 fused: the int8 residual output
-def test_opcheck_forward_op(dtype, separate_dq):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck_forward_op(dtype):
     from mini_of3.kernels.triangle_attention import _fwd_op
     q, k, v, bias, mask, _ = make_inputs(1, 2, 16, 1, 16, dtype, masked=True, transposed=False)
     q, k, v, bias = (t.requires_grad_(True) for t in (q, k, v, bias))
     key_bias = torch.where(mask, 0.0, float("-inf"))
-    torch.library.opcheck(_fwd_op, (q, k, v, bias, key_bias, False, 0.25, True, True, True, separate_dq),
+    torch.library.opcheck(_fwd_op, (q, k, v, bias, key_bias, False, 0.25, True, True, False),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
@@ -329,14 +314,14 @@ def test_sweep(N, D, H, dtype, activation, transposed):
 @pytest.mark.slow
 @pytest.mark.parametrize("D", [16, 32, 64, 128])
 def test_every_autotune_candidate_of_the_dkdv_kernel(D):
-    """The autotuner may pick any candidate on the GPU (tile shapes, rows per item, q/dO prefetch), so each one is
+    """The autotuner may pick any candidate on the GPU (tile shapes, q/dO/bias prefetch), so each one is
     checked here against float64 over partial tiles: N = 70 is no multiple of 32, 64 or 128."""
-    from mini_of3.kernels.triangle_attention import _bwd_configs
+    from mini_of3.kernels.launch import _dkdv_configs
     q, k, v, bias, mask, do = make_inputs(1, 3, 70, 1, D, torch.float32, masked=True, transposed=False, seed=D)
     ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
-    for c in _bwd_configs(D, "dkdv"):
-        with launch_config(bwd_block_j=c.kwargs["BLOCK_J"], bwd_block_k=c.kwargs["BLOCK_K"], bwd_warps=c.num_warps,
-                           bwd_stages=c.num_stages, bwd_rows=c.kwargs["ROWS"], bwd_prefetch=c.kwargs["PREFETCH"]):
+    for c in _dkdv_configs(D):
+        with launch_config(dkdv_block_j=c.kwargs["BLOCK_J"], dkdv_block_k=c.kwargs["BLOCK_K"], dkdv_warps=c.num_warps,
+                           dkdv_stages=c.num_stages, dkdv_prefetch=c.kwargs["PREFETCH"]):
             got = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
         for name, g, r in zip(("o", "dq", "dk", "dv", "dbias"), got, ref):
             assert rel_err(g, r) < TOLERANCE[torch.float32], (c, name)

@@ -8,7 +8,7 @@ import torch
 
 import mini_of3.kernels as kernels
 import mini_of3.model.tri_attn_backends as tab
-from mini_of3.config import LossConfig
+from mini_of3.config import ConfigError, LossConfig, load_config
 from mini_of3.kernels import triangle_attention_ref
 from mini_of3.losses import compute_losses
 from mini_of3.model import build_model
@@ -145,9 +145,12 @@ def test_backend_argument_errors():
     if importlib.util.find_spec("cuequivariance_torch") is None:
         with pytest.raises(ImportError, match="cuequivariance_torch"):
             build_model(tiny_config(tri_mul_backend="cueq"))
-    if not hasattr(kernels, "triangle_multiplication"):
-        with pytest.raises(NotImplementedError, match="triangle_multiplication"):
+    if not hasattr(kernels, "triangle_multiplication"):   # no fused kernel yet: the config names what there is
+        with pytest.raises(ValueError, match="tri_mul_backend"):
             tri_mul_backend("mini_of3")
+        expected = "model.tri_mul_backend: got 'mini_of3', expected one of auto, torch, cueq"
+        with pytest.raises(ConfigError, match=expected):
+            load_config(None, ["model.tri_mul_backend=mini_of3"])
     assert build_model(tiny_config(tri_mul_backend="auto")).pairformer.blocks[0].tri_mul_out.update \
         is tri_mul_backend("torch")
 

@@ -1,0 +1,355 @@
+"""The launch layer of the fused triangle attention: tiles, algorithm choices, the autotune cache and the launchers.
+
+    forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp) -> o, lse
+    backward(do, q, k, v, bias, key_bias, o, lse, sigmoid, scale, split_ds, fast_exp) -> dq, dk, dv, dbias
+
+Tiles (``LaunchConfig``) are autotuned on the GPU, per kernel and shape bucket, and fixed under the interpreter, with
+``MINI_OF3_AUTOTUNE=0`` or inside ``with launch_config(...)``. Algorithm choices (``Algorithm``: the hi+lo split of dS,
+the fast exponential) are set with ``with algorithm(...)`` and leave autotuning as it is. The kernels and their launch
+order: tri_attn_kernels.py.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+
+from mini_of3.kernels import tri_attn_kernels as K
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tiles and algorithm choices
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchConfig:
+    """Tiles and launch parameters of the four kernels, in launch order; a fixed config makes runs reproducible.
+    The defaults are the fastest fixed set measured on the H200 at D <= 32 (N = 768, D = 32: 9.87 ms of device time
+    per forward + backward)."""
+    fwd_block_j: int = 64
+    fwd_block_k: int = 64
+    fwd_warps: int = 4
+    fwd_stages: int = 2
+    dq_block_j: int = 64
+    dq_block_k: int = 32
+    dq_warps: int = 4
+    dq_stages: int = 3
+    dq_rows: int = 2                  # rows i per dQ program (1 or 2): two share each bias tile load
+    dbias_block_j: int = 64
+    dbias_block_k: int = 64
+    dbias_warps: int = 4
+    dbias_stages: int = 3
+    dbias_chunks: int | None = None   # None: as many chunks of rows as it takes to fill the GPU
+    dkdv_block_j: int = 64
+    dkdv_block_k: int = 64
+    dkdv_warps: int = 4
+    dkdv_stages: int = 1
+    dkdv_prefetch: int = 2            # what the dK/dV kernel loads one query tile ahead: 0 nothing, 1 q and dO,
+                                      # 2 also the bias tile
+
+
+@dataclass(frozen=True, kw_only=True)
+class Algorithm:
+    """Choices that change what the kernels compute (not only how fast): taken at the forward call, kept for its
+    backward."""
+    split_ds: bool = True    # hi+lo split of dS before dS @ k and dS^T @ q (16-bit inputs): dq, dk errors 1.7e-3
+                             # instead of 2.4e-3 (N = 256, D = 32, bf16), at ~0.6 ms per backward kernel at N = 768
+    fast_exp: bool = True    # on CUDA, ex2.approx.ftz / rcp.approx.ftz through inline PTX (no subnormal fix-up)
+
+
+def default_config(head_dim: int) -> LaunchConfig:
+    """The fixed configuration for a head dim: used under the interpreter, with MINI_OF3_AUTOTUNE=0, and as the base
+    of ``launch_config``."""
+    if interpreting():   # small tiles, so that the tests' small N span several of them
+        return LaunchConfig(fwd_block_j=32, fwd_block_k=32, fwd_stages=1, dq_block_j=32, dq_stages=1,
+                            dbias_block_j=32, dbias_block_k=32, dbias_stages=1, dkdv_block_j=32, dkdv_block_k=32,
+                            dkdv_prefetch=0)
+    if head_dim == 16:   # 128-row forward query tiles: 1.50 against 1.69 ms at N = 768 (at D = 32 they are slower)
+        return LaunchConfig(fwd_block_j=128, fwd_stages=3)
+    if head_dim <= 32:
+        return LaunchConfig()
+    if head_dim == 64:
+        return LaunchConfig(fwd_block_k=32, dq_stages=2, dq_rows=1, dbias_stages=1, dkdv_block_j=32, dkdv_stages=2,
+                            dkdv_prefetch=0)
+    return LaunchConfig(fwd_block_j=32, fwd_block_k=32, dq_block_j=32, dq_stages=2, dq_rows=1, dbias_block_j=32,
+                        dbias_block_k=32, dbias_stages=1, dkdv_block_j=32, dkdv_block_k=32, dkdv_stages=2,
+                        dkdv_prefetch=0)
+
+
+_override: LaunchConfig | None = None
+_algorithm = Algorithm()
+
+
+@contextlib.contextmanager
+def launch_config(config: LaunchConfig | None = None, **changes):
+    """Run with fixed tiles: ``with launch_config(fwd_block_j=16): ...`` (no autotuning inside)."""
+    global _override
+    previous = _override
+    base = config if config is not None else (previous or default_config(32))
+    _override = replace(base, **changes)
+    try:
+        yield _override
+    finally:
+        _override = previous
+
+
+@contextlib.contextmanager
+def algorithm(choice: Algorithm | None = None, **changes):
+    """Run with other algorithm choices: ``with algorithm(split_ds=False): ...`` (autotuning as it was)."""
+    global _algorithm
+    previous = _algorithm
+    _algorithm = replace(choice if choice is not None else previous, **changes)
+    try:
+        yield _algorithm
+    finally:
+        _algorithm = previous
+
+
+def current_config(head_dim: int) -> LaunchConfig:
+    return _override or default_config(head_dim)
+
+
+def current_algorithm() -> Algorithm:
+    return _algorithm
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# autotuning: candidate lists, the per-key cache, the launch
+
+
+def _autotune_enabled() -> bool:
+    return _override is None and not interpreting() and os.environ.get("MINI_OF3_AUTOTUNE", "1") != "0"
+
+
+def _configs(blocks, *names: str) -> list[triton.Config]:
+    """triton.Configs from (BLOCK_J, BLOCK_K, warps, stages, *the values of ``names``) tuples."""
+    return [triton.Config({"BLOCK_J": bj, "BLOCK_K": bk, **dict(zip(names, rest))}, num_warps=w, num_stages=s)
+            for bj, bk, w, s, *rest in blocks]
+
+
+@functools.cache
+def _fwd_configs(head_dim: int) -> list[triton.Config]:
+    """The forward's candidates. Short lists (the autotuner compiles each); 8 warps lost everywhere."""
+    if head_dim == 64:
+        return _configs([(64, 32, 4, 2), (64, 64, 4, 2), (32, 64, 4, 2), (32, 32, 4, 2)])
+    if head_dim == 128:
+        return _configs([(32, 32, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2)])
+    return _configs([(64, 32, 4, 3), (64, 64, 4, 2), (128, 64, 4, 3), (128, 32, 4, 3)])
+
+
+@functools.cache
+def _dq_configs(head_dim: int) -> list[triton.Config]:
+    """The dQ kernel's candidates, with ROWS rows per program: two rows were 0.6 ms faster than one at N = 768,
+    D = 32."""
+    if head_dim == 64:
+        blocks = [(64, 32, 4, 2, 1), (64, 64, 4, 2, 1), (32, 64, 4, 2, 1), (32, 32, 4, 2, 1), (64, 32, 4, 2, 2)]
+    elif head_dim == 128:
+        blocks = [(32, 32, 4, 2, 1), (64, 32, 4, 2, 1), (32, 64, 4, 2, 1)]
+    else:
+        blocks = [(64, 32, 4, 3, 2), (64, 64, 4, 2, 2), (64, 32, 4, 2, 2), (128, 32, 4, 3, 2), (64, 32, 4, 3, 1)]
+    return _configs(blocks, "ROWS")
+
+
+@functools.cache
+def _dkdv_configs(head_dim: int) -> list[triton.Config]:
+    """The dK/dV kernel's candidates, with PREFETCH (what it loads one query tile ahead; one pipeline stage only,
+    for the registers: q and dO (1), and the bias tile (2, 64x64 only))."""
+    if head_dim == 64:
+        blocks = [(32, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2), (64, 64, 4, 2)]
+    elif head_dim == 128:
+        blocks = [(32, 32, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2)]
+    else:
+        blocks = [(64, 64, 4, 1), (64, 64, 4, 2), (32, 64, 4, 1), (32, 64, 4, 2), (64, 128, 8, 1), (32, 32, 4, 2)]
+    ahead = [b for b in blocks if b[3] == 1]
+    levels = ((0, blocks), (1, ahead), (2, [b for b in ahead if b[:2] == (64, 64)]))
+    return _configs([(*b, prefetch) for prefetch, chosen in levels for b in chosen], "PREFETCH")
+
+
+@functools.cache
+def _dbias_configs() -> list[triton.Config]:
+    return [triton.Config({}, num_warps=w, num_stages=s) for w, s in ((4, 1), (4, 2), (4, 3), (8, 1), (8, 2))]
+
+
+_tuned: dict[str, object] = {}
+
+
+def _tuned_kernel(name: str, kernel, configs, extra_key: tuple[str, ...] = ()):
+    if name not in _tuned:
+        key = ["J_BUCKET", "BLOCK_D", "HAS_KEY_BIAS", "SIGMOID", *extra_key]   # + the dtypes of the tensors
+        try:   # the chosen configs persist in Triton's cache across processes (triton >= 3.2)
+            _tuned[name] = triton.autotune(configs=configs, key=key, cache_results=True)(kernel)
+        except TypeError:
+            _tuned[name] = triton.autotune(configs=configs, key=key)(kernel)
+    return _tuned[name]
+
+
+_chosen: dict[tuple, triton.Config] = {}
+
+
+def _launch(name: str, kernel, configs: list[triton.Config], fixed: triton.Config, grid, args: tuple,
+            j_bucket: int, constexprs: dict, extra_key: tuple[str, ...] = ()) -> None:
+    """Launch ``kernel`` with ``fixed`` (under the interpreter, MINI_OF3_AUTOTUNE=0 or a ``launch_config``), else with
+    the autotuned config of this key (the autotuner's: J_BUCKET, D, the flags, the dtypes). The first call of a key
+    runs Triton's autotuner over ``configs`` (its choice cached on disk across processes); later calls launch the
+    chosen config directly: the autotuner's own per-call work (it rebuilds a dict of ~50 arguments to find its key)
+    costs ~25 µs per launch on a 2-core CPU, a tenth of a small call's host time. ``grid`` is a tuple or a function
+    of the config's block sizes."""
+    if not _autotune_enabled():
+        config = fixed
+    else:
+        key = (name, j_bucket, constexprs["BLOCK_D"], constexprs["HAS_KEY_BIAS"], constexprs["SIGMOID"],
+               *(constexprs[k] for k in extra_key), *(a.dtype for a in args if isinstance(a, torch.Tensor)))
+        config = _chosen.get(key)
+        if config is None:
+            tuned = _tuned_kernel(name, kernel, configs, extra_key)
+            tuned[grid](*args, j_bucket, **constexprs)
+            _chosen[key] = tuned.best_config
+            return
+    launch_grid = grid(config.kwargs) if callable(grid) else grid
+    kernel[launch_grid](*args, j_bucket, **constexprs, **config.all_kwargs())
+
+
+def autotuned_configs() -> dict[str, dict[str, str]]:
+    """What the autotuner chose so far, per kernel and key (for benchmark records)."""
+    return {name: {str(key): str(config) for key, config in getattr(kernel, "cache", {}).items()}
+            for name, kernel in _tuned.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the launchers
+
+
+def _bucket(n: int) -> int:
+    return 1 << max(4, (n - 1).bit_length())
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def _new(shape, dtype, device) -> torch.Tensor:
+    """Output allocation; MINI_OF3_POISON=1 (debugging, the tests) fills it with NaN, so that a test sees any element
+    a kernel did not write."""
+    if os.environ.get("MINI_OF3_POISON", "0") == "1":
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """The kernels' DOT_PREC: float32 inputs multiply in IEEE float32; 16-bit inputs ignore it; the interpreter
+    ("upcast") multiplies 16-bit values in float32, since its bf16 dot is wrong in triton 3.9."""
+    if interpreting():
+        return "upcast"
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _persistent_programs(items: int, device: torch.device) -> int:
+    """Programs of a persistent grid over ``items``, two per SM and balanced: each takes the same number of items
+    (at most one less)."""
+    per_program = math.ceil(items / (2 * _num_sms(device)))
+    return math.ceil(items / per_program)
+
+
+def _key_bias_args(key_bias: torch.Tensor | None, fallback: torch.Tensor) -> tuple:
+    """(pointer, strides) for the kernels; any tensor stands in for an absent key term (never read)."""
+    if key_bias is None:
+        return fallback, (0, 0, 0)
+    return key_bias, key_bias.stride()
+
+
+def forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: bool, fast_exp: bool):
+    """o [B, I, J, H, D], and for a backward (``residuals``, softmax) lse [B, H, I, J] (else an empty tensor)."""
+    B, I, J, H, D = q.shape
+    config = current_config(D)
+    o = _new((B, I, J, H, D), q.dtype, q.device)
+    store_lse = residuals and not sigmoid
+    lse = _new((B, H, I, J), torch.float32, q.device) if store_lse else o.new_empty(0, dtype=torch.float32)
+    kb_arg, kb_strides = _key_bias_args(key_bias, q)
+    args = (q, k, v, bias, kb_arg, o, lse if lse.numel() else o,
+            *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *o.stride(), B, I, J, H, scale)
+    flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, STORE_LSE=store_lse, FAST_EXP=fast_exp,
+                 DOT_PREC=_dot_precision(q.dtype), BLOCK_D=D)
+    fixed = triton.Config({"BLOCK_J": config.fwd_block_j, "BLOCK_K": config.fwd_block_k},
+                          num_warps=config.fwd_warps, num_stages=config.fwd_stages)
+    _launch("fwd", K._fwd, _fwd_configs(D), fixed, lambda meta: (B * I * H * triton.cdiv(J, meta["BLOCK_J"]),),
+            args, _bucket(J), flags)
+    return o, lse
+
+
+def backward(do, q, k, v, bias, key_bias, o, lse, sigmoid: bool, scale: float, split_ds: bool, fast_exp: bool):
+    """dq, dk, dv [B, I, J, H, D] and dbias [B, H, J, K] (in the bias's dtype): _bwd_dq, _bwd_dbias, _bwd_dkdv."""
+    B, I, J, H, D = q.shape
+    config = current_config(D)
+    device = q.device
+    kb_arg, kb_strides = _key_bias_args(key_bias, q)
+    if sigmoid:   # no row statistics: any float32 tensor stands in (never read)
+        delta = lse = q.new_empty(1, dtype=torch.float32)
+    else:         # written by the dQ kernel, exactly, for the dbias and dK/dV kernels
+        delta = _new((B, H, I, J), torch.float32, device)
+    common = (q, k, v, bias, kb_arg, do, lse, delta)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *do.stride())
+    flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, DOT_PREC=_dot_precision(q.dtype), BLOCK_D=D,
+                 FAST_EXP=fast_exp)
+
+    dq = _new((B, I, J, H, D), q.dtype, device)
+    dq_args = (q, k, v, bias, kb_arg, do, o, lse, delta, dq, *strides, *o.stride(), *dq.stride(), B, I, J, H, scale)
+    dq_fixed = triton.Config({"BLOCK_J": config.dq_block_j, "BLOCK_K": config.dq_block_k, "ROWS": config.dq_rows},
+                             num_warps=config.dq_warps, num_stages=config.dq_stages)
+    _launch("dq", K._bwd_dq, _dq_configs(D), dq_fixed,
+            lambda meta: (B * triton.cdiv(I, meta["ROWS"]) * H * triton.cdiv(J, meta["BLOCK_J"]),), dq_args,
+            _bucket(J), dict(flags, SPLIT_DS=split_ds), ("SPLIT_DS",))
+
+    dbias = _dbias(common, strides, flags, q, bias, scale, config)
+
+    # dk, dv after dbias, so that the dbias chunk partials are freed before they are allocated
+    dk = _new((B, I, J, H, D), q.dtype, device)
+    dv = _new((B, I, J, H, D), q.dtype, device)
+    dkdv_fixed = triton.Config({"BLOCK_J": config.dkdv_block_j, "BLOCK_K": config.dkdv_block_k,
+                                "PREFETCH": config.dkdv_prefetch},
+                               num_warps=config.dkdv_warps, num_stages=config.dkdv_stages)
+    _launch("dkdv", K._bwd_dkdv, _dkdv_configs(D), dkdv_fixed, (_persistent_programs(B * I * H, device),),
+            (*common, dk, dv, *strides, *dk.stride(), B, I, J, H, scale), _bucket(J), dict(flags, SPLIT_DS=split_ds),
+            ("SPLIT_DS",))
+    return dq, dk, dv, dbias
+
+
+def _dbias(common: tuple, strides: tuple, flags: dict, q: torch.Tensor, bias: torch.Tensor, scale: float,
+           config: LaunchConfig) -> torch.Tensor:
+    """dbias = sum over rows i of dS. Rows are split into chunks so that the grid holds at least ~16 programs per SM
+    (whole waves: at N = 768 the 576 tiles alone fill 2.2 waves, a quarter of the last one idle); the chunk partials
+    (B*H*J*K float32 each) are summed afterwards in order, and freed before the caller allocates dk and dv. They are
+    capped at dk's and dv's bytes, so that they leave the call's peak where it is (at N = 256, D = 16 the 33 chunks
+    that would fill the GPU took 33 MiB against dk's and dv's 16)."""
+    B, I, J, H, D = q.shape
+    device = q.device
+    if _autotune_enabled():
+        block_j = block_k = 64 if D <= 64 else 32
+    else:
+        block_j, block_k = config.dbias_block_j, config.dbias_block_k
+    tiles = B * H * triton.cdiv(J, block_j) * triton.cdiv(J, block_k)
+    max_chunks = max(1, 2 * q.numel() * q.element_size() // (B * H * J * J * 4))
+    chunks = config.dbias_chunks if (config.dbias_chunks and not _autotune_enabled()) else \
+        max(1, min(I, max_chunks, math.ceil(16 * _num_sms(device) / tiles)))
+    rows_per_chunk = math.ceil(I / chunks)
+    chunks = math.ceil(I / rows_per_chunk)
+    dbias = _new((B, H, J, J), bias.dtype, device)
+    part = dbias[None] if chunks == 1 else torch.empty((chunks, B, H, J, J), dtype=torch.float32, device=device)
+    _launch("dbias", K._bwd_dbias, _dbias_configs(),
+            triton.Config({}, num_warps=config.dbias_warps, num_stages=config.dbias_stages), (tiles * chunks,),
+            (*common, part, *strides, *part.stride(), B, I, J, H, scale, rows_per_chunk), _bucket(J),
+            dict(flags, BLOCK_J=block_j, BLOCK_K=block_k))
+    if chunks > 1:
+        n = dbias.numel()
+        K._sum_chunks[(triton.cdiv(n, 1024),)](part, dbias, chunks, n, BLOCK=1024, num_warps=4)
+    return dbias
