@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
 
 from mini_of3.config import DataConfig
 from mini_of3.data import ProteinDataset, load_prepared, read_manifest

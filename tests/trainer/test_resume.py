@@ -2,7 +2,6 @@
 trainer.resume=auto repeats the uninterrupted run bitwise: the same losses, the same weights."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 

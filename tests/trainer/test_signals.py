@@ -19,7 +19,7 @@ from mini_of3.training.checkpoint import list_checkpoints, read_state
 from mini_of3.training.runlog import read_log
 from mini_of3.training.signals import StopRequest
 
-from .helpers import (CHECKPOINT_FILES, assert_same_run, describe, log_rows, start_train, tiny_config,
+from .helpers import (CHECKPOINT_FILES, assert_same_run, describe, start_train, tiny_config,
                       tiny_overrides)
 
 WORKERS = 2
