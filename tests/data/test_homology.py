@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-
 from mini_of3.config import DataConfig
 from mini_of3.data import ProteinDataset, load_prepared, read_manifest
 from mini_of3.data.homology import CACHE_FILE, IdentityCache, entry_chains, sequence_identity
