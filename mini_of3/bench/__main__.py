@@ -1,7 +1,8 @@
 """``python -m mini_of3.bench <name> [options]``: run one benchmark; each prints a table and writes JSON + PNG."""
 import sys
 
-COMMANDS = {"kernels": "mini_of3.bench.kernels", "step": "mini_of3.bench.step", "runs": "mini_of3.bench.runs"}
+COMMANDS = {"kernels": "mini_of3.bench.kernels", "step": "mini_of3.bench.step", "runs": "mini_of3.bench.runs",
+            "fit": "mini_of3.bench.fit"}
 
 
 def main() -> None:
