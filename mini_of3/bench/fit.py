@@ -5,7 +5,8 @@ validates on the same entries (``data.val_ids``), on purpose: the removal of tra
 validation ones is switched off for this command (``data.val_identity_cut=null``), as every training entry is its own
 validation entry. Validation runs the trainer's own path (EMA weights, sampled structures, the top-pLDDT sample
 scored) at step 0 (the untrained model, same seed), every ``--every`` steps and at the end; each entry's lDDT-Calpha
-(blind to a mirror image), TM-score (not blind to it) and mean pLDDT are read back from the run's log.jsonl.
+(blind to a mirror image), TM-score (not blind to it; tm_score_mirror, the TM-score of the sample's mirror image,
+above tm_score says the sample has the wrong hand) and mean pLDDT are read back from the run's log.jsonl.
 
     python -m mini_of3.bench fit configs/crop384.yaml --ids 1EMA,1GBT,4I39,3NZD --steps 2000 --every 200
 
@@ -24,7 +25,7 @@ from mini_of3.config import ConfigError, load_config
 
 DEFAULT_CONFIG = "configs/default.yaml"
 DEFAULT_IDS = "1EMA,1GBT,4I39,3NZD"
-METRICS = ("lddt_ca", "tm_score", "rmsd")        # per entry, trained and untrained; mean_plddt becomes plddt
+METRICS = ("lddt_ca", "tm_score", "tm_score_mirror", "rmsd")   # per entry, trained and untrained (mean_plddt: plddt)
 FIXED = ("data.train_ids", "data.val_ids", "data.val_after", "data.val_identity_cut", "trainer.max_steps",
          "trainer.val_every")                    # set by the command's own arguments
 
@@ -182,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print_table(result["rows"], [("entry", "entry", "s"), ("step", "step", "d"), ("lddt_ca", "lDDT-Ca", ".3f"),
                                  ("lddt_ca_untrained", "untrained", ".3f"), ("tm_score", "TM", ".3f"),
-                                 ("tm_score_untrained", "untrained", ".3f"), ("rmsd", "RMSD A", ".2f"),
+                                 ("tm_score_untrained", "untrained", ".3f"), ("tm_score_mirror", "TM mirror", ".3f"),
+                                 ("rmsd", "RMSD A", ".2f"),
                                  ("plddt", "pLDDT", ".1f")])
     print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
 

@@ -12,7 +12,7 @@ from mini_of3.data import read_manifest
 from .helpers import TINY_MODEL
 
 FIELDS = {"impl", "entry", "split", "step", "lddt_ca", "lddt_ca_untrained", "tm_score", "tm_score_untrained",
-          "plddt"}
+          "plddt", "tm_score_mirror"}
 SLOW_ENTRIES = ("1L2Y", "5I55", "1PSM", "1CRN")      # 20, 22, 38, 46 residues (shared set)
 
 
