@@ -40,7 +40,7 @@ def test_a_run_leaves_log_plots_config_and_checkpoints(reference_run, small_data
     assert all(r["skipped"] is False and r["step_s"] > 0 for r in train_rows)
     saved = yaml.safe_load((reference_run / "config.yaml").read_text())
     assert saved == config_to_dict(tiny_config(small_data, reference_run))
-    for name in ("losses.png", "validation.png"):
+    for name in ("losses.png", "validation.png", "gradients.png"):
         assert (reference_run / name).read_bytes()[:4] == b"\x89PNG"
     for info in list_checkpoints(reference_run):
         assert {p.name for p in info.path.iterdir()} == CHECKPOINT_FILES
