@@ -52,11 +52,7 @@ def plot_losses(rows: list[dict], path: str | Path, title: str = "") -> Path:
             ax_parts.plot(s, v, "o--", color=f"C{i}", ms=4, lw=0.8)
     ax_parts.set(xlabel="step", ylabel="loss part (smoothed; o = validation)", title="loss parts")
     ax_parts.set_yscale("log")
-    _legends(fig)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, path)
 
 
 def plot_validation(rows: list[dict], path: str | Path, title: str = "") -> Path:
@@ -73,11 +69,7 @@ def plot_validation(rows: list[dict], path: str | Path, title: str = "") -> Path
     if v:
         ax_rmsd.plot(s, v, "o-", color="tab:purple")
     ax_rmsd.set(xlabel="step", ylabel="Calpha RMSD (A)", title="validation RMSD")
-    _legends(fig)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, path)
 
 
 def plot_gradients(rows: list[dict], path: str | Path, title: str = "") -> Path:
@@ -95,17 +87,18 @@ def plot_gradients(rows: list[dict], path: str | Path, title: str = "") -> Path:
         ax.set_yscale("log")
     ax_norms.set(xlabel="step", ylabel="gradient norm before clipping (smoothed)", title=title or "gradients")
     ax_bins.set(xlabel="step", ylabel="weighted aligned MSE (smoothed)", title="diffusion loss per noise level")
-    _legends(fig)
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    """A legend on every axis that has labels; the figure written to ``path`` and closed."""
+    for ax in fig.axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
-
-
-def _legends(fig) -> None:
-    for ax in fig.axes:
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
 
 
 def plot_run(rows: list[dict], out_dir: str | Path, title: str = "") -> list[Path]:

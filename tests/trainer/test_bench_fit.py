@@ -1,13 +1,14 @@
 """``python -m mini_of3.bench fit`` on the CPU: the plumbing with a tiny model (fast), and a real fit of four small
 entries (slow)."""
 import json
+import shutil
 import time
 
 import pytest
 import yaml
 
 from mini_of3.bench import fit
-from mini_of3.data import read_manifest
+from mini_of3.data import prepare_folder, read_manifest
 
 from .helpers import TINY_MODEL
 
@@ -70,8 +71,6 @@ def test_an_entry_missing_from_the_data_is_one_clear_line(small_data, tmp_path):
 
 @pytest.fixture(scope="module")
 def fit_data(shared_mmcif, tmp_path_factory):
-    from mini_of3.data import prepare_folder
-    import shutil
     if not all((shared_mmcif / f"{i}.cif.gz").is_file() for i in SLOW_ENTRIES):
         pytest.skip(f"needs {', '.join(SLOW_ENTRIES)} from the shared set (../shared/data/mmcif)")
     src = tmp_path_factory.mktemp("fit_mmcif")
