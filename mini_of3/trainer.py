@@ -296,7 +296,7 @@ class Trainer:
         ckpt.fault_point("step", step + 1, self.rank)
         recycles = recycles_for_step(cfg.seed, step, cfg.model.n_recycles)
         self.model.train()
-        sums, data_s, ids = torch.zeros(1 + len(PARTS) + 2 * len(SIGMA_BIN_NAMES), dtype=torch.float64), 0.0, []
+        sums, data_s, ids = torch.zeros(STEP_SUMS, dtype=torch.float64), 0.0, []
         with self.stop.abortable(self.world == 1):          # several ranks must stop together, at the boundary
             for micro in range(t.grad_accum):
                 tick = time.perf_counter()
@@ -310,14 +310,8 @@ class Trainer:
                         outputs = self.model(batch, n_recycles=recycles, generator=self._generator(0, step, slot))
                     loss, parts = compute_losses(outputs, batch, cfg.loss)
                     self.acc.backward(loss)
-                sums += torch.cat([torch.stack([loss.detach(), *(parts[p] for p in PARTS)]).double().cpu(),
-                                   *diffusion_loss_by_sigma(outputs, batch)])
-        flags = torch.tensor([float(self.stop.signal is not None)], dtype=torch.float64)
-        reduced = self.acc.reduce(torch.cat([sums, flags]).to(self.acc.device), "sum").cpu()
-        losses = (reduced[: 1 + len(PARTS)] / (self.world * t.grad_accum)).tolist()
-        by_sigma = sigma_bin_means(reduced[1 + len(PARTS): -1])
-        if reduced[-1] > 0:
-            self.stop.request("a stop signal on another rank")
+                sums += step_sums(loss, parts, outputs, batch)
+        losses, by_sigma = self._reduce_step_sums(sums)
         module_norms = self._module_grad_norms()             # before clipping
         clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
         grad_norm = float(self.acc.clip_grad_norm_(self.model.parameters(), clip))
@@ -336,8 +330,9 @@ class Trainer:
             self.scheduler.step()
         self.step += 1
         row = {"step": self.step, "split": "train", "loss": losses[0], **dict(zip(PARTS, losses[1:])), "lr": lr,
-               "grad_norm": grad_norm, **module_norms, **by_sigma, "recycles": recycles, "epoch": self.epoch, "ids": self._global_ids(ids),
-               "step_s": time.perf_counter() - started, "data_s": data_s, "skipped": not finite}
+               "grad_norm": grad_norm, **module_norms, **by_sigma, "recycles": recycles, "epoch": self.epoch,
+               "ids": self._global_ids(ids), "step_s": time.perf_counter() - started, "data_s": data_s,
+               "skipped": not finite}
         if self.acc.device.type == "cuda":
             row["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.acc.device) / 2 ** 30
         self.log.write(row, to_wandb=self.step % t.log_every == 0)
@@ -356,6 +351,16 @@ class Trainer:
         micro-batch): micro-batch, then position in it, then rank (a collective when there are several ranks)."""
         per_rank = gather_object([ids]) if self.world > 1 else [ids]
         return [rank[micro][b] for micro in range(len(ids)) for b in range(len(ids[micro])) for rank in per_rank]
+
+    def _reduce_step_sums(self, sums: torch.Tensor) -> tuple[list[float], dict[str, float]]:
+        """Sum this rank's :func:`step_sums` (over its micro-batches) with the other ranks' (and their stop flags):
+        the step's mean loss and parts, and the diffusion loss per noise bin (:func:`sigma_bin_means`)."""
+        flags = torch.tensor([float(self.stop.signal is not None)], dtype=torch.float64)
+        reduced = self.acc.reduce(torch.cat([sums, flags]).to(self.acc.device), "sum").cpu()
+        if reduced[-1] > 0:
+            self.stop.request("a stop signal on another rank")
+        losses = (reduced[: 1 + len(PARTS)] / (self.world * self.cfg.trainer.grad_accum)).tolist()
+        return losses, sigma_bin_means(reduced[1 + len(PARTS): -1])
 
     def _module_grad_norms(self) -> dict[str, float]:
         """``{"grad_norm/<module>": norm}`` of the accumulated gradients of each of :data:`MODULES`, before
@@ -472,6 +477,16 @@ class Trainer:
         stopped = f" (stopped by {self.stop.signal})" if self.stop.signal else ""
         self.say(f"done{stopped}: step {self.step} in {wall / 60:.1f} min; validation lDDT-Ca {lddt(self.first_val)}"
                  f" -> {lddt(self.last_val)}; run folder {self.out}")
+
+
+STEP_SUMS = 1 + len(PARTS) + 2 * len(SIGMA_BIN_NAMES)     # what step_sums returns per micro-batch
+
+
+def step_sums(loss: torch.Tensor, parts: dict[str, torch.Tensor], outputs: dict, batch: dict) -> torch.Tensor:
+    """``[STEP_SUMS]`` float64 on the CPU, one micro-batch's: the loss, its PARTS, then the diffusion loss sums and
+    sample counts per noise bin (:func:`mini_of3.losses.diffusion_loss_by_sigma`)."""
+    return torch.cat([torch.stack([loss.detach(), *(parts[p] for p in PARTS)]).double().cpu(),
+                      *diffusion_loss_by_sigma(outputs, batch)])
 
 
 def module_parameters(model: torch.nn.Module) -> dict[str, list[torch.nn.Parameter]]:
