@@ -29,7 +29,10 @@ class DataConfig:
     root: str = "data/mmcif"                 # folder of raw mmCIF files (prepared into cache_dir on first use)
     cache_dir: str = "data/cache"            # prepared .npz folder (manifest.tsv, skipped.tsv)
     offline_package: bool = True             # root empty -> fetch the mdanalysistests entries into root first
-    val_ids: list[str] = field(default_factory=list)   # explicit validation entries (never trained on)
+    val_ids: list[str] = field(default_factory=list)   # explicit validation entries (never trained on, unless
+                                             # train_ids names them too)
+    train_ids: list[str] = field(default_factory=list)  # when set, train on these entries only; one named here and in
+                                             # val_ids is trained on too, on purpose (a fit check: bench fit)
     val_after: str | None = None             # else: entries released after this date (YYYY-MM-DD) validate
     val_identity_cut: float | None = 0.4     # training entries with a chain more identical than this to a validation
                                              # chain are left out (AF3, OpenFold3: 0.4); None: split by entry id only
@@ -237,6 +240,10 @@ def _validate(cfg: Config) -> None:
            "data.crop_weights", d.crop_weights, "three non-negative numbers, not all zero")
     _check(d.val_identity_cut is None or 0.0 <= d.val_identity_cut <= 1.0, "data.val_identity_cut",
            d.val_identity_cut, "a fraction in [0, 1] or null")
+    both = sorted({v.upper() for v in d.val_ids} & {t.upper() for t in d.train_ids})
+    _check(not both or d.val_identity_cut is None, "data.val_identity_cut", d.val_identity_cut,
+           f"null when data.train_ids and data.val_ids share entries ({', '.join(both)}): training on the validation "
+           f"entries on purpose (a fit check) leaves nothing to train on once their homologues are removed")
     _check(d.batch_size >= 1, "data.batch_size", d.batch_size, ">= 1")
     _check(d.num_workers >= 0, "data.num_workers", d.num_workers, ">= 0")
     _check(d.samples_per_epoch is None or d.samples_per_epoch >= 1, "data.samples_per_epoch", d.samples_per_epoch,

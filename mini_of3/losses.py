@@ -43,21 +43,52 @@ def weighted_rigid_align(x_true: torch.Tensor, x_pred: torch.Tensor, weights: to
     return (x_true.detach().double() @ r.transpose(-1, -2) + t).float()
 
 
-def diffusion_mse_loss(x_pred: torch.Tensor, x_true: torch.Tensor, mask: torch.Tensor, sigma: torch.Tensor,
-                       sigma_data: float = 16.0) -> torch.Tensor:
-    """Weighted aligned MSE (AF3 SI 4.1.1, eq. 2-6), weighted per sample by (sigma^2 + sigma_data^2) / (sigma
-    sigma_data)^2.
+def diffusion_mse_per_sample(x_pred: torch.Tensor, x_true: torch.Tensor, mask: torch.Tensor, sigma: torch.Tensor,
+                             sigma_data: float = 16.0) -> torch.Tensor:
+    """Weighted aligned MSE of each noised sample (AF3 SI 4.1.1, eq. 2-6): [B, S].
 
     x_pred: [B, S, N, 3] denoised; x_true: [B, N, 3]; mask: [B, N] bool; sigma: [B, S] noise levels.
-    L_MSE = 1/3 mean_i ||x_pred_i - align(x_true)_i||^2 over masked tokens.
+    Each sample's L_MSE = 1/3 mean_i ||x_pred_i - align(x_true)_i||^2 over masked tokens, weighted by
+    (sigma^2 + sigma_data^2) / (sigma sigma_data)^2 (EDM's weighting: about 1 for a denoiser that returns its input
+    scaled, at every noise level, so the levels compare).
     """
     B, S, N, _ = x_pred.shape
     w = mask[:, None].expand(B, S, N).float()
     target = weighted_rigid_align(x_true[:, None].expand(B, S, N, 3), x_pred, w)
     sq = ((x_pred.float() - target) ** 2).sum(-1)                              # [B, S, N]
     mse = (sq * w).sum(-1) / (3 * w.sum(-1).clamp(min=1))                       # [B, S]
-    weight = (sigma ** 2 + sigma_data ** 2) / (sigma * sigma_data) ** 2
-    return _mean_over_structures((weight * mse).mean(-1), mask.any(-1))
+    return (sigma ** 2 + sigma_data ** 2) / (sigma * sigma_data) ** 2 * mse
+
+
+def diffusion_mse_loss(x_pred: torch.Tensor, x_true: torch.Tensor, mask: torch.Tensor, sigma: torch.Tensor,
+                       sigma_data: float = 16.0) -> torch.Tensor:
+    """The weighted aligned MSE of :func:`diffusion_mse_per_sample`, averaged over samples, then structures."""
+    per_sample = diffusion_mse_per_sample(x_pred, x_true, mask, sigma, sigma_data)
+    return _mean_over_structures(per_sample.mean(-1), mask.any(-1))
+
+
+SIGMA_BINS = (0.25, 1.0, 4.0)           # edges of sigma / sigma_data for diffusion_loss_by_sigma
+SIGMA_BIN_NAMES = ("<0.25", "0.25-1", "1-4", ">4")
+
+
+@torch.no_grad()
+def diffusion_loss_by_sigma(outputs: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weighted aligned MSE summed per noise-level bin (sigma / sigma_data below 0.25, 0.25-1, 1-4, above 4):
+    (sums [4], sample counts [4]), float64 on the CPU, so a part of the denoiser that stalls shows in its bin.
+
+    ``outputs`` and ``batch`` as for :func:`compute_losses`; structures with no valid token are left out.
+    """
+    mask = batch["token_mask"] & batch["resolved"]
+    sigma, sigma_data = outputs["diffusion_sigma"].float(), float(outputs["sigma_data"])
+    per_sample = diffusion_mse_per_sample(outputs["diffusion_coords"].detach(), batch["ca"], mask, sigma, sigma_data)
+    edges = torch.tensor(SIGMA_BINS, device=sigma.device)
+    bins = torch.bucketize(sigma / sigma_data, edges)                          # [B, S] in 0..3
+    valid = mask.any(-1)[:, None].expand_as(bins)
+    bins, values = bins[valid], per_sample[valid].double()
+    sums = torch.zeros(len(SIGMA_BIN_NAMES), dtype=torch.float64, device=values.device).index_add_(0, bins, values)
+    counts = torch.bincount(bins, minlength=len(SIGMA_BIN_NAMES)).double()
+    return sums.cpu(), counts.cpu()
 
 
 def smooth_lddt_loss(x_pred: torch.Tensor, x_true: torch.Tensor, mask: torch.Tensor,

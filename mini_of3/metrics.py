@@ -321,7 +321,9 @@ def structure_metrics(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor
     cb_mask: [N] bool, the observed Cbeta (the batch's cb_resolved); else every masked token whose Cbeta is finite.
     Missing coordinates may be NaN (as in a data Structure): NaN Calpha must be outside mask, NaN Cbeta is skipped.
     Contacts are scored from the distogram when given, else from the predicted Calpha distances.
-    Returns lddt_ca, rmsd, tm_score, contact_precision, distogram_accuracy (NaN where not computable).
+    Returns lddt_ca, rmsd, tm_score, tm_score_mirror (the TM-score of pred's mirror image: lDDT cannot tell a
+    structure from its mirror image, TM-score can, so tm_score_mirror > tm_score flags a sample of the wrong hand),
+    contact_precision, distogram_accuracy (NaN where not computable).
     """
     true = torch.where(mask[:, None], true, 0.0)
     perm = homomer_permutation(pred, true, mask, asym_id, entity_id, sym_id)
@@ -334,6 +336,7 @@ def structure_metrics(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor
         "lddt_ca": float(lddt_ca(pred, true, mask)),
         "rmsd": float(rmsd_kabsch(pred, true, mask)),
         "tm_score": float(tm_score(pred, true, mask)),
+        "tm_score_mirror": float(tm_score(-pred, true, mask)),
         "contact_precision": float(contact_precision(contacts_from, cb, cb_mask, asym_id)),
         "distogram_accuracy": float(distogram_accuracy(distogram_logits, cb, cb_mask))
         if distogram_logits is not None else float("nan"),

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from .config import Config, ConfigError, config_to_dict, save_config
 from .data import build_dataloaders, collate, prepare_data
-from .losses import compute_losses
+from .losses import SIGMA_BIN_NAMES, compute_losses, diffusion_loss_by_sigma
 from .model import build_model
 from .model.compiled import compile_blocks, uncompile_blocks
 from .training import checkpoint as ckpt
@@ -45,6 +45,11 @@ from .training.signals import Interrupted, StopRequest, is_worker_death
 from .training.validation import means, validation_sums
 
 PARTS = ("distogram", "diffusion", "smooth_lddt", "plddt")
+# the modules whose gradient norms every log row holds (``grad_norm/<name>``), by the model's top-level children;
+# the recycling projections are the trunk's input, so they count with the embedder
+MODULES = {"embedder": ("embedder", "layer_norm_z_cycle", "linear_z_cycle", "layer_norm_s_cycle", "linear_s_cycle"),
+           "pairformer": ("pairformer",), "distogram_head": ("distogram_head",), "diffusion": ("diffusion",),
+           "plddt_head": ("plddt_head",)}
 
 
 class TrainingError(RuntimeError):
@@ -93,6 +98,7 @@ class Trainer:
             from torch.distributed.fsdp import register_fsdp_forward_method     # gather the shards for it as well
             register_fsdp_forward_method(self.plain, "sample")
         self.ema = EMA(self.plain, cfg.optim.ema_decay)
+        self.module_params = module_parameters(self.plain)
         self.step, self.epoch, self.consumed = 0, 0, 0       # data position: sampler epoch, examples this rank used
         self.nonfinite_total, self.nonfinite_in_row = 0, 0
         self.best: dict | None = None                        # {"step", "lddt_ca"} of the best validation
@@ -293,7 +299,7 @@ class Trainer:
         ckpt.fault_point("step", step + 1, self.rank)
         recycles = recycles_for_step(cfg.seed, step, cfg.model.n_recycles)
         self.model.train()
-        sums, data_s, ids = torch.zeros(1 + len(PARTS), dtype=torch.float64), 0.0, []
+        sums, data_s, ids = torch.zeros(STEP_SUMS, dtype=torch.float64), 0.0, []
         with self.stop.abortable(self.world == 1):          # several ranks must stop together, at the boundary
             for micro in range(t.grad_accum):
                 tick = time.perf_counter()
@@ -307,12 +313,9 @@ class Trainer:
                         outputs = self.model(batch, n_recycles=recycles, generator=self._generator(0, step, slot))
                     loss, parts = compute_losses(outputs, batch, cfg.loss)
                     self.acc.backward(loss)
-                sums += torch.stack([loss.detach(), *(parts[p] for p in PARTS)]).double().cpu()
-        flags = torch.tensor([float(self.stop.signal is not None)], dtype=torch.float64)
-        reduced = self.acc.reduce(torch.cat([sums, flags]).to(self.acc.device), "sum").cpu()
-        losses = (reduced[:-1] / (self.world * t.grad_accum)).tolist()
-        if reduced[-1] > 0:
-            self.stop.request("a stop signal on another rank")
+                sums += step_sums(loss, parts, outputs, batch)
+        losses, by_sigma = self._reduce_step_sums(sums)
+        module_norms = self._module_grad_norms()             # before clipping
         clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
         grad_norm = float(self.acc.clip_grad_norm_(self.model.parameters(), clip))
         finite = math.isfinite(losses[0]) and math.isfinite(grad_norm)
@@ -330,8 +333,9 @@ class Trainer:
             self.scheduler.step()
         self.step += 1
         row = {"step": self.step, "split": "train", "loss": losses[0], **dict(zip(PARTS, losses[1:])), "lr": lr,
-               "grad_norm": grad_norm, "recycles": recycles, "epoch": self.epoch, "ids": self._global_ids(ids),
-               "step_s": time.perf_counter() - started, "data_s": data_s, "skipped": not finite}
+               "grad_norm": grad_norm, **module_norms, **by_sigma, "recycles": recycles, "epoch": self.epoch,
+               "ids": self._global_ids(ids), "step_s": time.perf_counter() - started, "data_s": data_s,
+               "skipped": not finite}
         if self.acc.device.type == "cuda":
             row["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.acc.device) / 2 ** 30
         self.log.write(row, to_wandb=self.step % t.log_every == 0)
@@ -350,6 +354,34 @@ class Trainer:
         micro-batch): micro-batch, then position in it, then rank (a collective when there are several ranks)."""
         per_rank = gather_object([ids]) if self.world > 1 else [ids]
         return [rank[micro][b] for micro in range(len(ids)) for b in range(len(ids[micro])) for rank in per_rank]
+
+    def _reduce_step_sums(self, sums: torch.Tensor) -> tuple[list[float], dict[str, float]]:
+        """Sum this rank's :func:`step_sums` (over its micro-batches) with the other ranks' (and their stop flags):
+        the step's mean loss and parts, and the diffusion loss per noise bin (:func:`sigma_bin_means`)."""
+        flags = torch.tensor([float(self.stop.signal is not None)], dtype=torch.float64)
+        reduced = self.acc.reduce(torch.cat([sums, flags]).to(self.acc.device), "sum").cpu()
+        if reduced[-1] > 0:
+            self.stop.request("a stop signal on another rank")
+        losses = (reduced[: 1 + len(PARTS)] / (self.world * self.cfg.trainer.grad_accum)).tolist()
+        return losses, sigma_bin_means(reduced[1 + len(PARTS): -1])
+
+    def _module_grad_norms(self) -> dict[str, float]:
+        """``{"grad_norm/<module>": norm}`` of the accumulated gradients of each of :data:`MODULES`, before
+        clipping (one small collective under FSDP2, whose gradients are shards; unscaled under fp16)."""
+        squares = torch.zeros(len(self.module_params), dtype=torch.float64, device=self.acc.device)
+        for k, params in enumerate(self.module_params.values()):
+            grads = [p.grad for p in params if p.grad is not None]
+            grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]     # DTensor -> this shard
+            if grads:
+                squares[k] = torch.stack([torch.linalg.vector_norm(g.detach().float()) for g in grads]).double() \
+                    .square().sum()
+        if self.acc.is_fsdp2:
+            squares = self.acc.reduce(squares, "sum")
+        norms = squares.sqrt().cpu()
+        scaler = getattr(self.acc, "scaler", None)
+        if scaler is not None:                               # fp16: the gradients are still scaled here
+            norms = norms / scaler.get_scale()
+        return {f"grad_norm/{name}": float(v) for name, v in zip(self.module_params, norms)}
 
     def _next_batch(self) -> dict:
         """The next training batch of this rank, on its device; counts the examples consumed (the data position
@@ -383,14 +415,18 @@ class Trainer:
         devices = [self.acc.device] if self.acc.device.type == "cuda" else []
         self.plain.eval()
         with self.ema.swapped(), torch.random.fork_rng(devices=devices):
-            sums = validation_sums(
+            sums, entries = validation_sums(
                 self.plain, (self._to_device(b) for b in self.loaders.val), loss_cfg=cfg.loss,
                 n_recycles=cfg.model.n_recycles, steps=cfg.trainer.val_sampling_steps or cfg.model.sampling_steps,
                 samples=cfg.trainer.val_samples, generator_for=lambda i: self._generator(1, 0, self._slot(i)),
                 autocast=self.acc.autocast, beat=self.watchdog.beat, real=self.loaders.val_real)
         self.plain.train()
         metrics = {k: json_safe(v) for k, v in means(self.acc.reduce(sums.to(self.acc.device), "sum").cpu()).items()}
-        self.log.write({"step": self.step, "split": "val", **metrics, "val_s": time.perf_counter() - started})
+        if self.world > 1:
+            entries = gather_object(entries)
+        entries = [{k: json_safe(v) for k, v in e.items()} for e in entries]
+        self.log.write({"step": self.step, "split": "val", **metrics, "val_s": time.perf_counter() - started,
+                        "entries": entries})
         self.first_val = self.first_val or {"step": self.step, **metrics}
         self.last_val = {"step": self.step, **metrics}
         lddt = metrics["lddt_ca"]
@@ -444,3 +480,29 @@ class Trainer:
         stopped = f" (stopped by {self.stop.signal})" if self.stop.signal else ""
         self.say(f"done{stopped}: step {self.step} in {wall / 60:.1f} min; validation lDDT-Ca {lddt(self.first_val)}"
                  f" -> {lddt(self.last_val)}; run folder {self.out}")
+
+
+STEP_SUMS = 1 + len(PARTS) + 2 * len(SIGMA_BIN_NAMES)     # what step_sums returns per micro-batch
+
+
+def step_sums(loss: torch.Tensor, parts: dict[str, torch.Tensor], outputs: dict, batch: dict) -> torch.Tensor:
+    """``[STEP_SUMS]`` float64 on the CPU, one micro-batch's: the loss, its PARTS, then the diffusion loss sums and
+    sample counts per noise bin (:func:`mini_of3.losses.diffusion_loss_by_sigma`)."""
+    return torch.cat([torch.stack([loss.detach(), *(parts[p] for p in PARTS)]).double().cpu(),
+                      *diffusion_loss_by_sigma(outputs, batch)])
+
+
+def module_parameters(model: torch.nn.Module) -> dict[str, list[torch.nn.Parameter]]:
+    """The parameters of each of :data:`MODULES` (a model without one of them gets an empty list)."""
+    children = dict(model.named_children())
+    return {name: [p for child in parts if child in children for p in children[child].parameters()]
+            for name, parts in MODULES.items()}
+
+
+def sigma_bin_means(sums_counts: torch.Tensor) -> dict[str, float]:
+    """``{"diffusion/sigma<bin>": mean}`` from the summed (sums [4], counts [4]) of
+    :func:`mini_of3.losses.diffusion_loss_by_sigma`; NaN (None in the log) for a bin that no sample fell in."""
+    n = len(SIGMA_BIN_NAMES)
+    sums, counts = sums_counts[:n], sums_counts[n:]
+    return {f"diffusion/sigma{name}": float(s / c) if c > 0 else float("nan")
+            for name, s, c in zip(SIGMA_BIN_NAMES, sums, counts)}

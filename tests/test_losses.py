@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from mini_of3.config import LossConfig
-from mini_of3.losses import (compute_losses, diffusion_mse_loss, distogram_loss, plddt_loss, smooth_lddt_loss,
-                             weighted_rigid_align)
+from mini_of3.losses import (SIGMA_BIN_NAMES, compute_losses, diffusion_loss_by_sigma, diffusion_mse_loss,
+                             distogram_loss, plddt_loss, smooth_lddt_loss, weighted_rigid_align)
 from mini_of3.metrics import lddt_ca_per_token
 
 _spec = importlib.util.spec_from_file_location("model_structures", Path(__file__).parent / "model" / "structures.py")
@@ -161,3 +161,18 @@ def test_compute_losses_weights_and_ignores_padding_and_unresolved(crambin):
     assert float(total_pad) == pytest.approx(float(total), rel=REL32)
     for key in parts:
         assert float(parts_pad[key]) == pytest.approx(float(parts[key]), rel=REL32), key
+
+
+def test_diffusion_loss_by_noise_bin_splits_the_diffusion_loss(crambin):
+    """Per bin of sigma / sigma_data (<0.25, 0.25-1, 1-4, >4): the samples of that bin only; together the bins give
+    the diffusion loss back."""
+    ca, _, mask = crambin
+    generator = torch.Generator().manual_seed(0)
+    sigma = 16.0 * torch.tensor([[0.1, 0.2, 0.5, 2.0, 3.0, 8.0]])
+    pred = ca[:, None] + torch.randn(1, 6, ca.shape[1], 3, generator=generator) * sigma[..., None, None] / 4
+    outputs = {"diffusion_coords": pred, "diffusion_sigma": sigma, "sigma_data": torch.tensor(16.0)}
+    sums, counts = diffusion_loss_by_sigma(outputs, {"ca": ca, "token_mask": mask, "resolved": mask})
+    assert len(SIGMA_BIN_NAMES) == 4 and counts.tolist() == [2, 1, 2, 1]
+    assert float(sums.sum() / counts.sum()) == pytest.approx(float(diffusion_mse_loss(pred, ca, mask, sigma)), rel=1e-6)
+    alone = diffusion_mse_loss(pred[:, 5:], ca, mask, sigma[:, 5:])              # the >4 bin holds sample 5 only
+    assert float(sums[3]) == pytest.approx(float(alone), rel=1e-6)

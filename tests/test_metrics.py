@@ -204,3 +204,15 @@ def test_structure_metrics_accept_nan_for_missing_atoms():
     assert structure_metrics(pred, true, mask, *ids, logits, cb_zero, cb_mask=cb_observed) == \
         pytest.approx(with_nan, abs=1e-12)
     assert with_nan["lddt_ca"] == clean["lddt_ca"] and with_nan["distogram_accuracy"] != clean["distogram_accuracy"]
+
+
+def test_tm_score_sees_a_mirror_image_that_lddt_cannot():
+    """Crambin's mirror image: every distance is right (lDDT-Calpha 1), the hand is wrong (TM-score far below 1);
+    tm_score_mirror scores the mirror image of the prediction, so it is 1 here."""
+    t = read_tokens("1CRN")
+    true, mask = t["ca"].double(), t["resolved"]
+    mirrored = structure_metrics(-true, true, mask, t["asym_id"], t["entity_id"], t["sym_id"])
+    assert mirrored["lddt_ca"] == pytest.approx(1.0) and mirrored["tm_score_mirror"] == pytest.approx(1.0)
+    assert mirrored["tm_score"] < 0.5
+    same = structure_metrics(true, true, mask, t["asym_id"], t["entity_id"], t["sym_id"])
+    assert same["tm_score"] == pytest.approx(1.0) and same["tm_score_mirror"] < 0.5

@@ -34,8 +34,7 @@ Split = Literal["train", "val", "all"]
 def is_validation(row: ManifestRow, cfg: DataConfig) -> bool:
     """An entry validates when named in ``cfg.val_ids`` (file id or PDB id, any case) or released after
     ``cfg.val_after``; it is then never trained on."""
-    wanted = {v.upper() for v in cfg.val_ids}
-    if row.id.upper() in wanted or row.pdb_id.upper() in wanted:
+    if is_named(row, cfg.val_ids):
         return True
     return bool(cfg.val_after and row.release_date and row.release_date > cfg.val_after)
 
@@ -55,14 +54,23 @@ def filter_reason(row: ManifestRow, cfg: DataConfig) -> str | None:
     return None
 
 
+def is_named(row: ManifestRow, ids: Sequence[str]) -> bool:
+    """``row`` is one of ``ids`` (file id or PDB id, any case)."""
+    wanted = {v.upper() for v in ids}
+    return row.id.upper() in wanted or row.pdb_id.upper() in wanted
+
+
 def select_entries(rows: Sequence[ManifestRow], cfg: DataConfig, split: Split) -> list[ManifestRow]:
     """The entries of ``split``: those passing the filters, then the validation ones (``val``), the others
-    (``train``) or both (``all``)."""
+    (``train``) or both (``all``). With ``cfg.train_ids``, ``train`` is the entries named there, validation ones
+    included (a fit check trains on its validation entries on purpose)."""
     if split not in ("train", "val", "all"):
         raise ValueError(f"split must be 'train', 'val' or 'all', got {split!r}")
     kept = [r for r in rows if filter_reason(r, cfg) is None]
     if split == "all":
         return kept
+    if split == "train" and cfg.train_ids:
+        return [r for r in kept if is_named(r, cfg.train_ids)]
     return [r for r in kept if is_validation(r, cfg) == (split == "val")]
 
 
@@ -124,11 +132,12 @@ class ProteinDataset(Dataset):
             self.removed = validation_homologues(self.prepared, rows, self.rows, cfg)
             homologous = {h.train.entry for h in self.removed}
             self.rows = [r for r in self.rows if r.id not in homologous]
-        if split == "val":
+        named = {"val": ("val_ids", cfg.val_ids), "train": ("train_ids", cfg.train_ids)}.get(split)
+        if named is not None:
             found = {r.id.upper() for r in self.rows} | {r.pdb_id.upper() for r in self.rows}
-            missing = sorted(v for v in cfg.val_ids if v.upper() not in found)
+            missing = sorted(v for v in named[1] if v.upper() not in found)
             if missing:
-                warnings.warn(f"{prepared}: val_ids {missing} are not among the entries that pass the filters")
+                warnings.warn(f"{prepared}: {named[0]} {missing} are not among the entries that pass the filters")
         self.epoch = 0
         self._interface: OrderedDict[int, np.ndarray] = OrderedDict()   # per-worker cache of interface masks
         self._interface_cache = interface_cache

@@ -1,5 +1,6 @@
-"""PNG plots of a run from its log rows: ``losses.png`` (total and parts, train and validation) and
-``validation.png`` (lDDT-Calpha, TM-score, contact precision, distogram accuracy, RMSD)."""
+"""PNG plots of a run from its log rows: ``losses.png`` (total and parts, train and validation),
+``validation.png`` (lDDT-Calpha, TM-score, contact precision, distogram accuracy, RMSD) and ``gradients.png``
+(gradient norm per module, diffusion loss per noise-level bin: where a part of the model stalls)."""
 from __future__ import annotations
 
 import math
@@ -51,11 +52,7 @@ def plot_losses(rows: list[dict], path: str | Path, title: str = "") -> Path:
             ax_parts.plot(s, v, "o--", color=f"C{i}", ms=4, lw=0.8)
     ax_parts.set(xlabel="step", ylabel="loss part (smoothed; o = validation)", title="loss parts")
     ax_parts.set_yscale("log")
-    _legends(fig)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, path)
 
 
 def plot_validation(rows: list[dict], path: str | Path, title: str = "") -> Path:
@@ -72,24 +69,45 @@ def plot_validation(rows: list[dict], path: str | Path, title: str = "") -> Path
     if v:
         ax_rmsd.plot(s, v, "o-", color="tab:purple")
     ax_rmsd.set(xlabel="step", ylabel="Calpha RMSD (A)", title="validation RMSD")
-    _legends(fig)
+    return _save(fig, path)
+
+
+def plot_gradients(rows: list[dict], path: str | Path, title: str = "") -> Path:
+    """Per-module gradient norms before clipping (``grad_norm/<module>``, left) and the diffusion loss per bin of
+    sigma / sigma_data (``diffusion/sigma<bin>``, right), smoothed, against step."""
+    train = [r for r in rows if r.get("split", "train") == "train"]
+    fig, (ax_norms, ax_bins) = plt.subplots(1, 2, figsize=(11, 4))
+    keys = list(dict.fromkeys(k for r in train for k in r if k.startswith(("grad_norm/", "diffusion/sigma"))))
+    for ax, prefix in ((ax_norms, "grad_norm/"), (ax_bins, "diffusion/sigma")):
+        for i, key in enumerate(k for k in keys if k.startswith(prefix)):
+            steps, values = _series(train, key)
+            if values:
+                ax.plot(steps, _smooth(values, max(5, len(values) // 20)), color=f"C{i}", lw=1.5,
+                        label=key[len(prefix):] if prefix == "grad_norm/" else f"sigma/sigma_data {key[len(prefix):]}")
+        ax.set_yscale("log")
+    ax_norms.set(xlabel="step", ylabel="gradient norm before clipping (smoothed)", title=title or "gradients")
+    ax_bins.set(xlabel="step", ylabel="weighted aligned MSE (smoothed)", title="diffusion loss per noise level")
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    """A legend on every axis that has labels; the figure written to ``path`` and closed."""
+    for ax in fig.axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
 
 
-def _legends(fig) -> None:
-    for ax in fig.axes:
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-
-
 def plot_run(rows: list[dict], out_dir: str | Path, title: str = "") -> list[Path]:
-    """Both plots into ``out_dir``: losses.png and validation.png (written to a temporary name, then renamed)."""
+    """The plots into ``out_dir``: losses.png, validation.png, gradients.png (each written to a temporary name, then
+    renamed)."""
     out_dir = Path(out_dir)
     written = []
-    for name, plot in (("losses.png", plot_losses), ("validation.png", plot_validation)):
+    for name, plot in (("losses.png", plot_losses), ("validation.png", plot_validation),
+                       ("gradients.png", plot_gradients)):
         tmp = out_dir / f".{name}.tmp.png"
         plot(rows, tmp, title)
         tmp.replace(out_dir / name)

@@ -3,7 +3,8 @@
 Per entry, ``samples`` structures are sampled and the one with the highest mean pLDDT is scored (as AF3 ranks its
 samples) with :func:`mini_of3.metrics.structure_metrics`: lDDT-Calpha, RMSD, TM-score, contact precision and
 distogram accuracy. The losses of a training forward pass are summed too. The result is a tensor of sums and counts
-that the trainer reduces across ranks, so uneven shards of the validation set average correctly. Batches past
+that the trainer reduces across ranks, so uneven shards of the validation set average correctly, and each entry's
+scores (a fit check reads them per entry: ``python -m mini_of3.bench fit``). Batches past
 ``real`` (padding that gives every rank the same number of batches, see ``data.validation_batches``) are run, for
 the collectives of a sharded model, and not counted.
 """
@@ -20,7 +21,7 @@ from ..config import LossConfig
 from ..losses import compute_losses
 from ..metrics import structure_metrics
 
-METRICS = ("lddt_ca", "rmsd", "tm_score", "contact_precision", "distogram_accuracy", "mean_plddt")
+METRICS = ("lddt_ca", "rmsd", "tm_score", "tm_score_mirror", "contact_precision", "distogram_accuracy", "mean_plddt")
 LOSSES = ("loss", "distogram", "diffusion", "smooth_lddt", "plddt")          # the training loss and its parts
 KEYS = METRICS + LOSSES
 
@@ -49,12 +50,14 @@ def score_batch(out: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) ->
 def validation_sums(model: nn.Module, batches: Iterable[dict], *, loss_cfg: LossConfig, n_recycles: int, steps: int,
                     samples: int, generator_for: Callable[[int], torch.Generator],
                     autocast: Callable[[], AbstractContextManager], beat: Callable[[str], None] = lambda _: None,
-                    real: int | None = None) -> torch.Tensor:
-    """``[2, len(KEYS)]`` float64: row 0 the sums of each key over the structures of the first ``real`` batches
-    (all when None; the others are run, not counted), row 1 their counts (NaN values, e.g. no long-range contact,
-    are left out). ``batches`` are already on the model's device; the model is the plain module, in eval mode,
-    holding the weights to validate."""
+                    real: int | None = None) -> tuple[torch.Tensor, list[dict]]:
+    """(sums, entries). sums: ``[2, len(KEYS)]`` float64, row 0 the sums of each key over the structures of the
+    first ``real`` batches (all when None; the others are run, not counted), row 1 their counts (NaN values, e.g. no
+    long-range contact, are left out). entries: one dict per structure counted, its ``id`` and its METRICS.
+    ``batches`` are already on the model's device; the model is the plain module, in eval mode, holding the weights
+    to validate."""
     sums = torch.zeros(2, len(KEYS), dtype=torch.float64)
+    entries = []
     for i, batch in enumerate(batches):
         beat(f"validating batch {i}")
         generator = generator_for(i)
@@ -64,7 +67,8 @@ def validation_sums(model: nn.Module, batches: Iterable[dict], *, loss_cfg: Loss
         if real is not None and i >= real:
             continue
         total, parts = compute_losses(forward, batch, loss_cfg)
-        for row in score_batch(out, batch):
+        for entry, row in zip(batch["id"], score_batch(out, batch)):
+            entries.append({"id": entry, **{key: row[key] for key in METRICS}})
             for j, key in enumerate(METRICS):
                 if math.isfinite(row[key]):
                     sums[0, j] += row[key]
@@ -75,7 +79,7 @@ def validation_sums(model: nn.Module, batches: Iterable[dict], *, loss_cfg: Loss
             if math.isfinite(value):                      # a batch's loss is the mean of its n structures
                 sums[0, j] += value * n
                 sums[1, j] += n
-    return sums
+    return sums, entries
 
 
 def means(sums: torch.Tensor) -> dict[str, float]:

@@ -84,6 +84,18 @@ def test_validation_entries_are_never_trained_on(prepared):
         ProteinDataset(prepared, dataclasses.replace(cfg, val_ids=["9ZZZ"]), "val")
 
 
+def test_train_ids_train_on_those_entries_only_validation_ones_included(prepared):
+    """A fit check (bench fit) trains on its validation entries on purpose: train_ids names them."""
+    rows = read_manifest(prepared)
+    named = [rows[0].id.lower(), rows[1].pdb_id]
+    cfg = dataclasses.replace(CFG, train_ids=named, val_ids=[rows[0].id], val_identity_cut=None)
+    assert [r.id for r in select_entries(rows, cfg, "train")] == [rows[0].id, rows[1].id]
+    assert [r.id for r in select_entries(rows, cfg, "val")] == [rows[0].id]
+    assert [r.id for r in ProteinDataset(prepared, cfg, "train").rows] == [rows[0].id, rows[1].id]
+    with pytest.warns(UserWarning, match=r"train_ids \['9ZZZ'\]"):
+        ProteinDataset(prepared, dataclasses.replace(cfg, train_ids=["9ZZZ"]), "train")
+
+
 def test_sample_weights(prepared):
     rows = read_manifest(prepared)
     for how, key in (("length", "tokens"), ("chains", "chains")):

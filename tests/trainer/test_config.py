@@ -112,3 +112,12 @@ def test_unquoted_no_is_the_word_not_a_boolean(tmp_path):
     config.write_text("trainer:\n  mixed_precision: no\nwandb: off\n")
     cfg = load_config(config)
     assert cfg.trainer.mixed_precision == "no" and cfg.wandb is False
+
+
+def test_training_on_the_validation_entries_needs_the_homology_filter_off():
+    """Every training entry would be removed as a homologue of itself: say so instead."""
+    with pytest.raises(ConfigError, match=r"data.val_identity_cut: got 0.4, expected null when data.train_ids and "
+                                          r"data.val_ids share entries \(1CRN\)"):
+        load_config(None, ["data.train_ids=[1crn,1L2Y]", "data.val_ids=[1CRN]"])
+    cfg = load_config(None, ["data.train_ids=[1crn,1L2Y]", "data.val_ids=[1CRN]", "data.val_identity_cut=null"])
+    assert cfg.data.train_ids == ["1crn", "1L2Y"] and cfg.data.val_identity_cut is None

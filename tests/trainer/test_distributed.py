@@ -24,13 +24,17 @@ import pytest
 from safetensors.torch import load_file
 
 from mini_of3.config import load_config
+from mini_of3.losses import SIGMA_BIN_NAMES
+from mini_of3.trainer import MODULES
 from mini_of3.data import read_manifest
 from mini_of3.data.dataset import EpochSampler, ProteinDataset, validation_batches
 from mini_of3.training.checkpoint import list_checkpoints, read_state
 
 from .helpers import FSDP_ON_CPU, REPO, describe, launcher, log_rows, run_train, tiny_overrides
 
-TRAIN_VALUES = ("loss", "distogram", "diffusion", "smooth_lddt", "plddt", "grad_norm")
+TRAIN_VALUES = ("loss", "distogram", "diffusion", "smooth_lddt", "plddt", "grad_norm",
+                *(f"grad_norm/{name}" for name in MODULES))     # per module: sharded under FSDP2, then reduced
+BY_SIGMA = tuple(f"diffusion/sigma{name}" for name in SIGMA_BIN_NAMES)     # None where no sample fell in the bin
 VAL_VALUES = ("lddt_ca", "rmsd", "tm_score", "distogram_accuracy", "mean_plddt", "loss", "distogram", "diffusion",
               "smooth_lddt", "plddt")
 REL = 1e-6          # float32 gradients summed in another order (see the module docstring)
@@ -60,6 +64,10 @@ def assert_same_training(got: list[dict], want: list[dict], keys=TRAIN_VALUES, r
         assert a["ids"] == b["ids"] and a["recycles"] == b["recycles"] and a["epoch"] == b["epoch"], (a, b)
         for key in keys:
             assert a[key] == pytest.approx(b[key], rel=rel), (a["step"], key, a[key], b[key])
+        for key in BY_SIGMA:
+            assert (a[key] is None) == (b[key] is None), (a["step"], key, a[key], b[key])
+            if a[key] is not None:
+                assert a[key] == pytest.approx(b[key], rel=rel), (a["step"], key, a[key], b[key])
 
 
 def assert_same_validation(got: list[dict], want: list[dict]) -> None:
@@ -67,6 +75,10 @@ def assert_same_validation(got: list[dict], want: list[dict]) -> None:
     for a, b in zip(got, want):
         for key in VAL_VALUES:
             assert a[key] == pytest.approx(b[key], rel=REL), (a["step"], key, a[key], b[key])
+        per_entry = {e["id"]: e for e in b["entries"]}                  # gathered from every rank, each once
+        assert sorted(e["id"] for e in a["entries"]) == sorted(per_entry)
+        for entry in a["entries"]:
+            assert entry["lddt_ca"] == pytest.approx(per_entry[entry["id"]]["lddt_ca"], rel=REL), entry["id"]
 
 
 @pytest.mark.parametrize("n, batch_size, world", [(1, 1, 2), (3, 1, 2), (5, 2, 2), (7, 2, 4), (4, 3, 3), (2, 1, 1)])

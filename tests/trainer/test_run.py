@@ -14,9 +14,10 @@ import torch
 import yaml
 
 import mini_of3.trainer as trainer_module
+from mini_of3.losses import SIGMA_BIN_NAMES
 from mini_of3.config import config_to_dict
 from mini_of3.data import read_manifest
-from mini_of3.trainer import TrainingError, train
+from mini_of3.trainer import MODULES, TrainingError, train
 from mini_of3.training.checkpoint import list_checkpoints, read_state
 
 from .helpers import CHECKPOINT_FILES, REPO, describe, log_rows, run_train, tiny_config, tiny_overrides
@@ -38,7 +39,7 @@ def test_a_run_leaves_log_plots_config_and_checkpoints(reference_run, small_data
     assert all(r["skipped"] is False and r["step_s"] > 0 for r in train_rows)
     saved = yaml.safe_load((reference_run / "config.yaml").read_text())
     assert saved == config_to_dict(tiny_config(small_data, reference_run))
-    for name in ("losses.png", "validation.png"):
+    for name in ("losses.png", "validation.png", "gradients.png"):
         assert (reference_run / name).read_bytes()[:4] == b"\x89PNG"
     for info in list_checkpoints(reference_run):
         assert {p.name for p in info.path.iterdir()} == CHECKPOINT_FILES
@@ -48,6 +49,24 @@ def test_a_run_leaves_log_plots_config_and_checkpoints(reference_run, small_data
     per_epoch = len(read_manifest(small_data[0])) - 1                  # every entry but the validation one
     assert state["epoch"] * per_epoch + state["consumed"] == 6          # 6 examples used, one per step
     assert not (reference_run / "wandb").exists()                      # wandb=false
+
+
+def test_log_rows_hold_gradient_norms_per_module_and_the_diffusion_loss_per_noise_bin(reference_run, small_data):
+    """Every training row: the gradient norm of each module before clipping (together they make up the total), and
+    the diffusion loss per bin of sigma / sigma_data (None for a bin no sample fell in). Every validation row: each
+    entry's scores."""
+    modules = [f"grad_norm/{name}" for name in MODULES]
+    bins = [f"diffusion/sigma{name}" for name in SIGMA_BIN_NAMES]
+    for row in log_rows(reference_run):
+        assert set(modules) | set(bins) <= set(row), set(row)
+        norms = torch.tensor([row[k] for k in modules], dtype=torch.float64)
+        assert (norms >= 0).all() and float(norms.square().sum().sqrt()) == pytest.approx(row["grad_norm"], rel=1e-4)
+        by_bin = [row[k] for k in bins if row[k] is not None]
+        assert by_bin and all(v >= 0 for v in by_bin)
+    assert any(row["grad_norm/pairformer"] > 0 for row in log_rows(reference_run))
+    for row in log_rows(reference_run, "val"):
+        assert [e["id"] for e in row["entries"]] == [small_data[1]]
+        assert row["entries"][0]["lddt_ca"] == pytest.approx(row["lddt_ca"])    # one entry: its score is the mean
 
 
 def test_resume_from_a_checkpoint_path_into_a_new_run_is_exact(reference_run, small_data, tmp_path):

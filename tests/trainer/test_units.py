@@ -159,11 +159,12 @@ def test_watchdog_ends_a_stalled_process_with_a_message(capsys):
 
 def test_plots_are_written_from_log_rows(tmp_path):
     rows = [{"step": s, "split": "train", "loss": 10 - s / 10, "distogram": 4.0, "diffusion": 1.0,
-             "smooth_lddt": 0.5, "plddt": 3.0} for s in range(1, 60)]
+             "smooth_lddt": 0.5, "plddt": 3.0, "grad_norm/pairformer": 1.0 + s, "grad_norm/diffusion": 0.0,
+             "diffusion/sigma<0.25": 1.0, "diffusion/sigma>4": None if s % 2 else 2.0} for s in range(1, 60)]
     rows += [{"step": s, "split": "val", "lddt_ca": 0.2 + s / 300, "tm_score": 0.1, "rmsd": 12.0, "loss": 9.0,
               "contact_precision": None, "distogram_accuracy": 0.1} for s in (0, 30, 59)]
     paths = plot_run(rows, tmp_path, title="test")
-    assert [p.name for p in paths] == ["losses.png", "validation.png"]
+    assert [p.name for p in paths] == ["losses.png", "validation.png", "gradients.png"]
     for path in paths:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
     plot_run(rows[:0], tmp_path)                            # an empty log still draws (empty axes)
