@@ -117,7 +117,23 @@ def kill_a_worker_and_wait(stop: StopRequest | None) -> None:
         while time.monotonic() < deadline and not (stop and stop.worker_deaths):
             time.sleep(0.05)
     finally:
-        iterator._shutdown_workers()
+        abandon(iterator)
+
+
+def abandon(iterator) -> None:
+    """End a loader iterator whose worker was SIGKILLed without torch's ``_shutdown_workers``: that sets an event
+    whose cross-process lock the killed worker may have held at its death (it polls the event), and then blocks
+    forever (seen once in the full suite). Unregister the workers from torch's SIGCHLD handler, kill and join them."""
+    from torch.utils.data import _utils
+    _utils.signal_handling._remove_worker_pids(id(iterator))
+    iterator._shutdown = True                                   # its __del__ does nothing more
+    for worker in iterator._workers:
+        if worker.is_alive():
+            worker.kill()
+        worker.join(timeout=10)
+    for q in (*iterator._index_queues, iterator._worker_result_queue):
+        q.cancel_join_thread()
+        q.close()
 
 
 def test_a_loader_worker_dying_during_a_stop_is_recorded_not_raised():
