@@ -6,6 +6,7 @@ process that loads it)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -60,6 +61,17 @@ def signal_frozen_job(process: subprocess.Popen, out: Path, signum: int, group: 
     return logged
 
 
+# multiprocessing's file-descriptor server thread (a loader worker's, serving a batch's shared storage) prints a
+# traceback (EOFError, or a reset connection) when the main process shuts the worker down before collecting the
+# batch: harmless, the stop is already decided. Any other frame in stderr is a failure of the stop.
+_FRAME = re.compile(r'File "([^"]+)", line \d+')
+
+
+def foreign_frames(stderr: str) -> list[str]:
+    """The files of the traceback frames in stderr outside Python's multiprocessing package."""
+    return [path for path in _FRAME.findall(stderr) if "/multiprocessing/" not in path]
+
+
 def wait_for_exit(process: subprocess.Popen) -> subprocess.CompletedProcess:
     try:
         stdout, stderr = process.communicate(timeout=STOP_TIMEOUT_S)
@@ -87,7 +99,8 @@ def test_stop_signal_with_loader_workers_saves_the_last_step_and_resumes_bitwise
     name = signal.Signals(signum).name
     assert stopped.returncode == status, describe(stopped)
     assert f"{name}: stopping at a safe point" in stopped.stderr, describe(stopped)
-    assert "Traceback" not in stopped.stderr and "Error" not in stopped.stderr, describe(stopped)
+    assert not foreign_frames(stopped.stderr), describe(stopped)
+    assert "is killed by signal" not in stopped.stderr, describe(stopped)
 
     done = train_steps(out)
     assert logged <= done <= logged + 1 < 6, (logged, done)   # the step in flight is abandoned or finished
