@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from mini_of3.model.norm import LayerNorm
-from mini_of3.model.projections import pair_bias_heads_first
+from mini_of3.model.projections import linear_channels_first
 from mini_of3.model.transition import AdaLN
 from mini_of3.model.tri_attn_backends import pair_bias_attention
 
@@ -48,7 +48,7 @@ class AttentionPairBias(nn.Module):
 
     def pair_bias(self, z: torch.Tensor) -> torch.Tensor:
         """z: [B, N, N, c_z] -> bias [B, H, N, N] (b_ij = LinearNoBias(LayerNorm(z_ij)), Alg 24 line 6)."""
-        return pair_bias_heads_first(self.layer_norm_z(z), self.linear_b.weight)
+        return linear_channels_first(self.layer_norm_z(z), self.linear_b.weight)
 
     def forward(self, a: torch.Tensor, z: torch.Tensor, mask: torch.Tensor, s: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None) -> torch.Tensor:

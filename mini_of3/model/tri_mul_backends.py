@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from mini_of3.model.norm import layer_norm
+from mini_of3.model.projections import linear_channels_first
 from mini_of3.model.tri_attn_backends import import_anchor
 
 TRI_MUL_BACKENDS = ("auto", "torch", "cueq")
@@ -38,10 +39,10 @@ def triangle_multiplication_torch(
     """Triangle multiplicative update, outgoing (AF3 SI Alg 12) or incoming (Alg 13), in plain PyTorch.
 
     Channels first, so that no step copies a permuted tensor: one GEMM, W @ x^T, writes the projections as
-    [B, 4 h, N * N]; the contraction is then one batched matrix product per channel (a_c b_c^T, outgoing, or
-    a_c^T b_c, incoming) on the tensor cores, in the projections' dtype with float32 accumulation; the second layer
-    norm runs over the channel axis of [B, h, N * N] (a coalesced reduction), in float32; and the output projection
-    reads that transposed (a GEMM operand, not a copy).
+    [B, 4 h, N, N] (:func:`linear_channels_first`); the contraction is then one batched matrix product per channel
+    (a_c b_c^T, outgoing, or a_c^T b_c, incoming) on the tensor cores, in the projections' dtype with float32
+    accumulation; the second layer norm runs over the channel axis of [B, h, N * N] (a coalesced reduction), in
+    float32; and the output projection reads that transposed (a GEMM operand, not a copy).
 
     Parameters
     ----------
@@ -60,12 +61,11 @@ def triangle_multiplication_torch(
     B, N, _, C = z.shape
     h2 = p_in_weight.shape[0]                                                      # 2 h: a and b
     x = layer_norm(z, norm_in_weight, norm_in_bias, eps)                          # [B, N, N, C]
-    xt = x.reshape(B, N * N, C).mT                                                # [B, C, N N], a view
-    pg = torch.matmul(torch.cat([p_in_weight, g_in_weight]), xt)                  # [B, 4 h, N N]
-    ab = pg[:, :h2] * torch.sigmoid(pg[:, h2:])                                   # [B, 2 h, N N]
+    pg = linear_channels_first(x, torch.cat([p_in_weight, g_in_weight]))         # [B, 4 h, N, N]
+    ab = pg[:, :h2] * torch.sigmoid(pg[:, h2:])                                   # [B, 2 h, N, N]
     if mask is not None:
-        ab = ab * mask.reshape(B, 1, N * N).to(ab.dtype)
-    a, b = ab.view(B, h2, N, N).split(h2 // 2, dim=1)                             # [B, h, N, N] each
+        ab = ab * mask[:, None].to(ab.dtype)
+    a, b = ab.split(h2 // 2, dim=1)                                               # [B, h, N, N] each
     t = a @ b.mT if direction == "outgoing" else a.mT @ b                         # [B, h, N(i), N(j)]
     t = t.reshape(B, h2 // 2, N * N)
     wide = torch.promote_types(t.dtype, torch.float32)

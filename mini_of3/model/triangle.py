@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from mini_of3.model.norm import LayerNorm
-from mini_of3.model.projections import pair_bias_heads_first
+from mini_of3.model.projections import linear_channels_first
 from mini_of3.model.tri_attn_backends import tri_attn_backend
 from mini_of3.model.tri_mul_backends import tri_mul_backend
 
@@ -101,7 +101,7 @@ class TriangleAttention(nn.Module):
         x = x.to(_projection_dtype(x), memory_format=torch.contiguous_format)
         w = torch.cat([self.linear_q.weight, self.linear_k.weight, self.linear_v.weight, self.linear_g.weight])
         q, k, v, g = torch.nn.functional.linear(x, w).view(B, N, N, 4, H, D).unbind(3)   # [B, I, J, H, D] each
-        bias = pair_bias_heads_first(x, self.linear_b.weight)   # [B, H, J, K]: bias[j, k] = b_jk of this frame
+        bias = linear_channels_first(x, self.linear_b.weight)   # [B, H, J, K]: bias[j, k] = b_jk of this frame
         return q, k, v, g, bias, pair_mask.contiguous()
 
     def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
