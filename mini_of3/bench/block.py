@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from mini_of3 import kernels
-from mini_of3.bench.common import load_bench_config, package_versions, print_table, result_header, write_json
+from mini_of3.bench.common import (load_bench_config, package_versions, peak_mib, print_table, result_header,
+                                   write_json)
 from mini_of3.model.pairformer import PairformerBlock
 
 IMPLS = {"torch": ("torch", "torch", False), "torch_compile": ("torch", "torch", True),
@@ -106,18 +107,16 @@ def time_layer(fn, inputs: list[torch.Tensor], device: torch.device, reps: int) 
     return medians[0], medians[1]
 
 
-def peak_mib(fn, inputs, device: torch.device) -> float | None:
+def layer_peak_mib(fn, inputs, device: torch.device) -> float | None:
+    """Peak memory (MiB) of one forward + backward of a layer (:func:`mini_of3.bench.common.peak_mib`)."""
     if device.type != "cuda":
         return None
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = _sum_outputs(fn())
-    torch.autograd.grad(loss, inputs, allow_unused=True)
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+    def fwdbwd():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = _sum_outputs(fn())
+        torch.autograd.grad(loss, inputs, allow_unused=True)
+    return peak_mib(fwdbwd)
 
 
 def bench_n(cfg, impls: list[str], n: int, device: torch.device, reps: int, rounds: int) -> list[dict]:
@@ -155,7 +154,7 @@ def bench_n(cfg, impls: list[str], n: int, device: torch.device, reps: int, roun
         fwd, fwdbwd = sorted(v[0] for v in values), sorted(v[1] for v in values)
         rows[(impl, layer)] = {"impl": impl, "layer": layer, "N": n, "fwd_ms": fwd[len(fwd) // 2],
                                "fwdbwd_ms": fwdbwd[len(fwdbwd) // 2],
-                               "peak_mib": peak_mib(calls[layer], [s, z, *block.parameters()], device),
+                               "peak_mib": layer_peak_mib(calls[layer], [s, z, *block.parameters()], device),
                                "tri_attn_backend": IMPLS[impl][0], "tri_mul_backend": block.tri_mul_backend,
                                "compiled": IMPLS[impl][2]}
     return list(rows.values())

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from mini_of3.bench.common import load_bench_config, package_versions, print_table, result_header, write_json
+from mini_of3.bench.common import (load_bench_config, package_versions, peak_mib, print_table, result_header,
+                                   write_json)
 from mini_of3.losses import compute_losses
 from mini_of3.model import build_model
 from mini_of3.model.compiled import compile_blocks
@@ -94,10 +95,9 @@ class Arm:
         self.name, self.cfg, self.device = name, cfg, device
         self.model = build_model(replace(cfg.model, tri_attn_backend=attn, tri_mul_backend=mul)).to(device)
         self.model.load_state_dict(state)
-        if cfg.trainer.compile:           # trainer.compile=true on the command line: the blocks compiled, as in training
+        if cfg.trainer.compile:           # trainer.compile=true: the blocks compiled, as in training
             compile_blocks(self.model)
         self.optimizer, _ = build_optimizer(self.model, cfg.optim)
-        self.times: dict[int, list[float]] = {}
         self.slow_from: int | None = None          # the first crop at which a step took longer than SLOW_STEP_S
 
     def step(self, batch: dict) -> float:
@@ -132,19 +132,6 @@ def timed_step(arm: Arm, batch: dict) -> tuple[float, float]:
     loss = arm.step(batch)
     synchronize(arm.device)
     return time.perf_counter() - start, loss
-
-
-def peak_mib(arm: Arm, batch: dict) -> float | None:
-    """Memory a step allocates above what is allocated before it (weights, gradients none, optimizer state)."""
-    if arm.device.type != "cuda":
-        return None
-    synchronize(arm.device)
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(arm.device)
-    base = torch.cuda.memory_allocated(arm.device)
-    arm.step(batch)
-    synchronize(arm.device)
-    return (torch.cuda.max_memory_allocated(arm.device) - base) / 2**20
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -281,7 +268,8 @@ def bench_crop(arms: list[Arm], batch: dict, crop: int, rounds: int, warmup: int
         row, values = rows[arm.name], sorted(times[arm.name])
         row["step_s"] = statistics.median(values)
         row["step_spread_s"] = [values[0], values[-1]]
-        row["peak_mib"] = peak_mib(arm, batch)
+        # memory a step allocates above the weights and the optimizer state
+        row["peak_mib"] = peak_mib(lambda: arm.step(batch)) if arm.device.type == "cuda" else None
         row["breakdown_ms"], row["top_kernels"] = breakdown(arm, batch)
     for arm in arms:
         arm.release()
