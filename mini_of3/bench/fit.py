@@ -125,6 +125,25 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def report(run_dir: Path, name: str, config: str, ids: list[str], steps: int | None, every: int | None, out: Path,
+           tag: str) -> None:
+    """Write ``<out>/fit[_tag].json`` and ``.png`` from a fit run's log.jsonl and print the table."""
+    from mini_of3.training.runlog import read_log
+    result = result_header("fit")
+    result.update(config=config, ids=ids, steps=steps, every=every, run_dir=str(run_dir))
+    result["rows"] = fit_rows(read_log(run_dir / "log.jsonl"), name)
+    stem = f"fit{('_' + tag) if tag else ''}"
+    write_json(result, out / f"{stem}.json")
+    plot(result["rows"], out / f"{stem}.png", f"{name}: fit to the training entries ({config})")
+    print()
+    print_table(result["rows"], [("entry", "entry", "s"), ("step", "step", "d"), ("lddt_ca", "lDDT-Ca", ".3f"),
+                                 ("lddt_ca_untrained", "untrained", ".3f"), ("tm_score", "TM", ".3f"),
+                                 ("tm_score_untrained", "untrained", ".3f"), ("tm_score_mirror", "TM mirror", ".3f"),
+                                 ("rmsd", "RMSD A", ".2f"),
+                                 ("plddt", "pLDDT", ".1f")])
+    print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m mini_of3.bench fit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,6 +156,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", default=None, help="the run's name: impl in the rows (default fit<number of ids>)")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="", help="suffix of the result file names")
+    parser.add_argument("--report", default=None, metavar="RUN_DIR",
+                        help="train nothing: write the result of an existing fit run (one stopped early too) from its "
+                             "log.jsonl and config.yaml")
     args, overrides = parser.parse_known_args(argv)   # key=value overrides of the config, as for train.py
     if "=" in args.config:                             # no config named, only overrides
         args.config, overrides = DEFAULT_CONFIG, [args.config, *overrides]
@@ -144,6 +166,14 @@ def main(argv: list[str] | None = None) -> None:
     if bad:
         raise SystemExit(f"unexpected argument {bad[0]!r} (options are --ids, --steps, --every, --data, --name, "
                          f"--out, --tag; overrides are key=value)")
+    if args.report:
+        run_dir = Path(args.report)
+        if not (run_dir / "log.jsonl").is_file() or not (run_dir / "config.yaml").is_file():
+            raise SystemExit(f"--report {run_dir}: not a run folder (no log.jsonl and config.yaml)")
+        ran = load_config(str(run_dir / "config.yaml"))
+        report(run_dir, args.name or run_dir.name, args.config, list(ran.data.train_ids or []), ran.trainer.max_steps,
+               ran.trainer.val_every, Path(args.out), args.tag)
+        return
     ids = parse_ids(args.ids)
     every = args.every if args.every is not None else max(1, args.steps // 10)
     if args.steps < 1 or every < 1:
@@ -161,7 +191,6 @@ def main(argv: list[str] | None = None) -> None:
 
     from mini_of3.data import prepare_data
     from mini_of3.trainer import Trainer, TrainingError
-    from mini_of3.training.runlog import read_log
     try:
         prepared = prepare_data(cfg.data, progress=True)
     except (OSError, ValueError, RuntimeError) as err:
@@ -173,21 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     except (TrainingError, ConfigError) as err:
         raise SystemExit(str(err)) from None
 
-    result = result_header("fit")
-    result.update(config=args.config, ids=ids, steps=args.steps, every=every, run_dir=str(done.out_dir))
-    result["rows"] = fit_rows(read_log(done.out_dir / "log.jsonl"), name)
-    out = Path(args.out)
-    stem = f"fit{('_' + args.tag) if args.tag else ''}"
-    write_json(result, out / f"{stem}.json")
-    plot(result["rows"], out / f"{stem}.png", f"{name}: fit to the training entries ({args.config})")
-    print()
-    print_table(result["rows"], [("entry", "entry", "s"), ("step", "step", "d"), ("lddt_ca", "lDDT-Ca", ".3f"),
-                                 ("lddt_ca_untrained", "untrained", ".3f"), ("tm_score", "TM", ".3f"),
-                                 ("tm_score_untrained", "untrained", ".3f"), ("tm_score_mirror", "TM mirror", ".3f"),
-                                 ("rmsd", "RMSD A", ".2f"),
-                                 ("plddt", "pLDDT", ".1f")])
-    print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
-
+    report(done.out_dir, name, args.config, ids, args.steps, every, Path(args.out), args.tag)
 
 if __name__ == "__main__":
     main()

@@ -11,6 +11,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# Graphs one training process needs of ``run_block``: each stack's block with and without gradients (recycling
+# iterations and the pLDDT rollout run without), the checkpointed recomputation, and a dynamic-shape graph per
+# variant once crops of a second size arrive; a benchmark holds several backends' blocks in one process. Dynamo's
+# default of 8 graphs per function ran out in ``bench step`` with two arms (the rest of the run fell back to eager).
+RECOMPILE_LIMIT = 64
+
 
 def run_block(block: nn.Module, *inputs):
     """The eager way to run a block (what the stacks use until :func:`compile_blocks`)."""
@@ -20,6 +26,8 @@ def run_block(block: nn.Module, *inputs):
 def compile_blocks(model: nn.Module) -> list[nn.Module]:
     """Give every stack in ``model`` (a module with a ``run_block`` attribute) a compiled ``run_block``; returns
     the stacks. Shapes are dynamic after the first recompilation (crops of other sizes reuse the graph)."""
+    import torch._dynamo.config as dynamo_config
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
     compiled = torch.compile(run_block)
     stacks = [m for m in model.modules() if hasattr(m, "run_block")]
     for stack in stacks:

@@ -42,6 +42,13 @@ def test_fit_bench_writes_a_row_per_entry_and_validation_and_a_plot(small_data, 
     assert saved["train_ids"] == saved["val_ids"] == [i.upper() for i in ids]
     assert saved["val_identity_cut"] is None and saved["val_after"] is None
     assert f"{ids[0]}" in capsys.readouterr().out
+    fit.main(["--report", str(run), "--out", str(tmp_path), "--tag", "again", "--name", "fit2"])   # a stopped run's
+    assert json.loads((tmp_path / "fit_again.json").read_text())["rows"] == rows                  # result, from its log
+
+
+def test_report_of_a_folder_that_is_not_a_run_is_one_clear_line(tmp_path):
+    with pytest.raises(SystemExit, match="not a run folder"):
+        fit.main(["--report", str(tmp_path)])
 
 
 @pytest.mark.parametrize("argv,message", [
