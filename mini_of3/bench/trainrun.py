@@ -27,11 +27,12 @@ def config_argument(config: str, extra: list[str], default: str, options: str) -
 
 
 def command_overrides(user: list[str], defaults: Mapping[str, object], fixed: Mapping[str, object],
-                      who: str) -> list[str]:
+                      who: str, reserved: Iterable[str] = ()) -> list[str]:
     """``defaults`` the user may change, then the user's overrides, then what the command ``fixed`` (``who``, e.g.
-    "the fit command (--ids, --steps)", sets those: the user may not)."""
+    "the fit command (--ids, --steps)", sets those: the user may not, nor the ``reserved`` keys that the command
+    sets elsewhere, e.g. per run)."""
     keys = {item.partition("=")[0].strip() for item in user}
-    clash = sorted(keys & set(fixed))
+    clash = sorted(keys & {*fixed, *reserved})
     if clash:
         raise SystemExit(f"{clash[0]}: set by {who}; leave it out of the overrides")
     return [f"{k}={v}" for k, v in defaults.items() if k not in keys] + list(user) + \
