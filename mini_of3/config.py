@@ -37,6 +37,8 @@ class DataConfig:
     val_identity_cut: float | None = 0.4     # training entries with a chain more identical than this to a validation
                                              # chain are left out (AF3, OpenFold3: 0.4); None: split by entry id only
     crop_size: int = 256
+    val_crop_size: int | None = None         # validation crop; None: crop_size. A fixed size validates runs of
+                                             # different training crops on the same tokens (python -m mini_of3.ablate)
     crop_weights: list[float] = field(default_factory=lambda: [0.2, 0.4, 0.4])  # contiguous, spatial, interface
     interface_distance: float = 15.0         # Angstrom, AF3 SI 2.7.2
     min_tokens: int = 16
@@ -110,6 +112,8 @@ class OptimConfig:
 class TrainerConfig:
     """The loop: steps, run folder, resume, checkpoints, validation, precision (trainer.py)."""
     max_steps: int = 200
+    max_minutes: float | None = None         # also stop once the training steps (not validation or checkpoints) have
+                                             # taken this long, with a final validation and checkpoint; kept on resume
     out_dir: str = "runs/default"
     resume: str = "auto"                     # auto | never | PATH (a run folder or one checkpoint folder)
     checkpoint_every: int = 50
@@ -236,6 +240,7 @@ def _validate(cfg: Config) -> None:
     """Check the values of every section; the first bad one raises ConfigError naming the key and the value."""
     d, m, o, t = cfg.data, cfg.model, cfg.optim, cfg.trainer
     _check(d.crop_size >= 1, "data.crop_size", d.crop_size, ">= 1")
+    _check(d.val_crop_size is None or d.val_crop_size >= 1, "data.val_crop_size", d.val_crop_size, ">= 1 or null")
     _check(len(d.crop_weights) == 3 and all(w >= 0 for w in d.crop_weights) and sum(d.crop_weights) > 0,
            "data.crop_weights", d.crop_weights, "three non-negative numbers, not all zero")
     _check(d.val_identity_cut is None or 0.0 <= d.val_identity_cut <= 1.0, "data.val_identity_cut",
@@ -266,6 +271,7 @@ def _validate(cfg: Config) -> None:
     _check(o.grad_clip >= 0, "optim.grad_clip", o.grad_clip, ">= 0 (0: no clipping)")
     _check(0.0 <= o.ema_decay < 1.0, "optim.ema_decay", o.ema_decay, "a number in [0, 1)")
     _check(t.max_steps >= 0, "trainer.max_steps", t.max_steps, ">= 0")
+    _check(t.max_minutes is None or t.max_minutes > 0, "trainer.max_minutes", t.max_minutes, "> 0 or null")
     _check(bool(t.out_dir.strip()), "trainer.out_dir", t.out_dir, "a folder name")
     _check(t.resume in ("auto", "never") or Path(t.resume).is_dir(), "trainer.resume", t.resume,
            "auto, never, or an existing run folder or checkpoint folder")

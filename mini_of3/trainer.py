@@ -64,6 +64,7 @@ class TrainResult:
     last_val: dict | None
     stopped_by: str | None          # "SIGINT" / "SIGTERM" when a signal ended the run early
     wall_s: float
+    train_s: float = 0.0            # time in training steps over the whole run (resumed parts included)
 
 
 def train(cfg: Config) -> TrainResult:
@@ -101,6 +102,7 @@ class Trainer:
         self.module_params = module_parameters(self.plain)
         self.step, self.epoch, self.consumed = 0, 0, 0       # data position: sampler epoch, examples this rank used
         self.nonfinite_total, self.nonfinite_in_row = 0, 0
+        self.train_s = 0.0                                   # seconds spent in training steps (trainer.max_minutes)
         self.best: dict | None = None                        # {"step", "lddt_ca"} of the best validation
         self.first_val: dict | None = None
         self.last_val: dict | None = None
@@ -202,6 +204,7 @@ class Trainer:
             self.consumed = self.consumed * state["world_size"] // self.world
             note = f"; saved by {state['world_size']} processes, now {self.world}: same step and data position"
         self.nonfinite_total, self.nonfinite_in_row = state["nonfinite_total"], state["nonfinite_in_row"]
+        self.train_s = state.get("train_s", 0.0)
         self.best, self.wandb_id = state.get("best"), state.get("wandb_id")
         self.first_val, self.last_val = state.get("first_val"), state.get("last_val")
         self.say(f"resuming from {folder} (step {self.step}, epoch {self.epoch}, example {self.consumed}){note}")
@@ -209,8 +212,9 @@ class Trainer:
     # ---- the loop -----------------------------------------------------------------------------------------------
 
     def fit(self) -> TrainResult:
-        """Train to ``trainer.max_steps``: validate at the start, every ``val_every`` steps and at the end;
-        checkpoint every ``checkpoint_every`` steps, at a new best, at the end and on SIGINT/SIGTERM."""
+        """Train to ``trainer.max_steps`` (or until the training steps have taken ``trainer.max_minutes``): validate
+        at the start, every ``val_every`` steps and at the end; checkpoint every ``checkpoint_every`` steps, at a new
+        best, at the end and on SIGINT/SIGTERM."""
         t, started = self.cfg.trainer, time.perf_counter()
         if self.main:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -220,8 +224,8 @@ class Trainer:
         if self.cfg.wandb:
             self.wandb_id = self.log.start_wandb(self.cfg.wandb_project, config_to_dict(self.cfg), self.wandb_id)
         self._announce()
-        bar = tqdm(total=t.max_steps, initial=self.step, disable=not self.main, desc="train", unit="step",
-                   dynamic_ncols=True, mininterval=1.0)
+        bar = tqdm(total=t.max_steps if t.max_minutes is None else None, initial=self.step, disable=not self.main,
+                   desc="train", unit="step", dynamic_ncols=True, mininterval=1.0)
         with self.stop:
             try:
                 self.watchdog.start()
@@ -238,13 +242,13 @@ class Trainer:
         if self.main:
             plot_run(self.log.rows, self.out, title=self.out.name)
         self._farewell(wall)
-        return TrainResult(self.out, self.step, self.first_val, self.last_val, self.stop.signal, wall)
+        return TrainResult(self.out, self.step, self.first_val, self.last_val, self.stop.signal, wall, self.train_s)
 
     def _loop(self, bar: tqdm) -> None:
         t = self.cfg.trainer
         if self.step == 0 and self.resume_from is None:
             self._validate()                                 # the untrained model, for comparison
-        while self.step < t.max_steps:
+        while self.step < t.max_steps and not self._out_of_time():
             if not self._step_or_stop():
                 return
             bar.update(1)
@@ -253,10 +257,16 @@ class Trainer:
             if self.stop.signal is not None:
                 self._save()
                 return
-            val = self._validate() if self.step % t.val_every == 0 or self.step == t.max_steps else None
+            last = self.step == t.max_steps or self._out_of_time()
+            val = self._validate() if self.step % t.val_every == 0 or last else None
             improved = val is not None and self.best is not None and self.best["step"] == self.step
-            if self.step % t.checkpoint_every == 0 or self.step == t.max_steps or improved:
+            if self.step % t.checkpoint_every == 0 or last or improved:
                 self._save(val)
+
+    def _out_of_time(self) -> bool:
+        """The training steps have taken ``trainer.max_minutes`` (validation and checkpoints do not count)."""
+        budget = self.cfg.trainer.max_minutes
+        return budget is not None and self.train_s >= budget * 60
 
     def _step_or_stop(self) -> bool:
         """One training step; False when a signal cut it short (the state from before it is then saved). A loader
@@ -336,7 +346,9 @@ class Trainer:
                "grad_norm": grad_norm, **module_norms, **by_sigma, "recycles": recycles, "epoch": self.epoch,
                "ids": self._global_ids(ids), "step_s": time.perf_counter() - started, "data_s": data_s,
                "skipped": not finite}
-        if self.acc.device.type == "cuda":
+        self.train_s += row["step_s"]
+        row["train_s"] = self.train_s
+        if self.acc.device.type == "cuda":     # since the last validation, which resets it (see _validate)
             row["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.acc.device) / 2 ** 30
         self.log.write(row, to_wandb=self.step % t.log_every == 0)
         if not finite:
@@ -421,6 +433,8 @@ class Trainer:
                 samples=cfg.trainer.val_samples, generator_for=lambda i: self._generator(1, 0, self._slot(i)),
                 autocast=self.acc.autocast, beat=self.watchdog.beat, real=self.loaders.val_real)
         self.plain.train()
+        if self.acc.device.type == "cuda":    # training rows report the peak of training, not of validation's crops
+            torch.cuda.reset_peak_memory_stats(self.acc.device)
         metrics = {k: json_safe(v) for k, v in means(self.acc.reduce(sums.to(self.acc.device), "sum").cpu()).items()}
         if self.world > 1:
             entries = gather_object(entries)
@@ -451,7 +465,7 @@ class Trainer:
         state = {"step": self.step, "epoch": self.epoch, "consumed": self.consumed, "world_size": self.world,
                  "batch_size": self.cfg.data.batch_size, "grad_accum": self.cfg.trainer.grad_accum,
                  "nonfinite_total": self.nonfinite_total, "nonfinite_in_row": self.nonfinite_in_row, "val": val,
-                 "best": self.best, "first_val": self.first_val, "last_val": self.last_val,
+                 "train_s": self.train_s, "best": self.best, "first_val": self.first_val, "last_val": self.last_val,
                  "wandb_id": self.wandb_id, "stopped_by": self.stop.signal, "seed": self.cfg.seed,
                  "saved_at": time.time()}
         final = ckpt.save_training_state(self.out, state, model=self.plain, optimizer=self.optimizer.optimizer,
@@ -467,9 +481,11 @@ class Trainer:
         train, val = self.loaders.train.dataset, self.loaders.val
         val_ids = ", ".join(r.id for r in val.dataset.rows) if val is not None else "none"
         params = sum(p.numel() for p in self.plain.parameters()) / 1e6
+        minutes = self.cfg.trainer.max_minutes
+        budget = "" if minutes is None else f" or {minutes:g} min of steps ({self.train_s / 60:.1f} done)"
         self.say(f"mini_of3: {len(train)} training entries, validation: {val_ids} | model {params:.2f} M parameters "
                  f"| {self.acc.device}, {self.world} process(es), precision {self.acc.mixed_precision} | steps "
-                 f"{self.step} -> {self.cfg.trainer.max_steps} | {self.out}")
+                 f"{self.step} -> {self.cfg.trainer.max_steps}{budget} | {self.out}")
         for line in train.removal_report():
             self.say(line)
 
@@ -477,7 +493,8 @@ class Trainer:
         def lddt(v):
             return "n/a" if not v or v.get("lddt_ca") is None else f"{v['lddt_ca']:.3f} (step {v['step']})"
 
-        stopped = f" (stopped by {self.stop.signal})" if self.stop.signal else ""
+        stopped = f" (stopped by {self.stop.signal})" if self.stop.signal else \
+            f" (trainer.max_minutes={self.cfg.trainer.max_minutes:g} reached)" if self._out_of_time() else ""
         self.say(f"done{stopped}: step {self.step} in {wall / 60:.1f} min; validation lDDT-Ca {lddt(self.first_val)}"
                  f" -> {lddt(self.last_val)}; run folder {self.out}")
 

@@ -76,7 +76,8 @@ def package_versions(names: Sequence[str]) -> dict[str, str]:
     return versions
 
 
-def result_header(bench: str, versions: dict[str, str] | None = None) -> dict:
+def result_header(bench: str, versions: dict[str, str] | None = None, prog: str = "python -m mini_of3.bench") -> dict:
+    """The fields every result file starts with; ``command`` is ``prog`` and this process's arguments."""
     import triton
     return {
         "bench": bench,
@@ -84,7 +85,7 @@ def result_header(bench: str, versions: dict[str, str] | None = None) -> dict:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "commit": git_commit(),
-        "command": "python -m mini_of3.bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "command": " ".join([prog, *(shlex.quote(a) for a in sys.argv[1:])]),
         "versions": versions or {},
         "rows": [],
     }

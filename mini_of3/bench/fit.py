@@ -17,17 +17,15 @@ config.yaml) is ``runs/<name>`` unless ``trainer.out_dir=...`` says otherwise.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 from mini_of3.bench.common import print_table, result_header, write_json
-from mini_of3.config import ConfigError, load_config
+from mini_of3.bench.trainrun import (command_overrides, config_argument, load, prepare_once, run_trainer,
+                                     validation_rows)
 
 DEFAULT_CONFIG = "configs/default.yaml"
 DEFAULT_IDS = "1EMA,1GBT,4I39,3NZD"
 METRICS = ("lddt_ca", "tm_score", "tm_score_mirror", "rmsd")   # per entry, trained and untrained (mean_plddt: plddt)
-FIXED = ("data.train_ids", "data.val_ids", "data.val_after", "data.val_identity_cut", "trainer.max_steps",
-         "trainer.val_every")                    # set by the command's own arguments
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -48,11 +46,6 @@ def fit_overrides(ids: list[str], steps: int, every: int, data: str | None, name
                   user: list[str]) -> list[str]:
     """The ``key=value`` overrides of a fit run: defaults the user may change (run folder, fresh run, checkpoint at
     the end), the user's, then what the command fixes (train = validation = ``ids``, no homology filter, steps)."""
-    keys = {item.partition("=")[0].strip() for item in user}
-    clash = sorted(keys & {*FIXED, *(("data.root", "data.cache_dir") if data else ())})
-    if clash:
-        raise SystemExit(f"{clash[0]}: set by the fit command itself (--ids, --steps, --every, --data); "
-                         f"leave it out of the overrides")
     defaults = {"trainer.out_dir": f"runs/{name}", "trainer.resume": "never", "trainer.checkpoint_every": steps}
     listed = "[" + ",".join(ids) + "]"
     fixed = {"data.train_ids": listed, "data.val_ids": listed, "data.val_after": "null",
@@ -60,8 +53,7 @@ def fit_overrides(ids: list[str], steps: int, every: int, data: str | None, name
              "trainer.max_steps": steps, "trainer.val_every": every}
     if data:
         fixed.update({"data.root": data, "data.cache_dir": data})
-    return [f"{k}={v}" for k, v in defaults.items() if k not in keys] + list(user) + \
-        [f"{k}={v}" for k, v in fixed.items()]
+    return command_overrides(user, defaults, fixed, "the fit command itself (--ids, --steps, --every, --data)")
 
 
 def check_entries(prepared: Path, ids: list[str], data_cfg) -> None:
@@ -85,7 +77,7 @@ def check_entries(prepared: Path, ids: list[str], data_cfg) -> None:
 
 def fit_rows(log_rows: list[dict], impl: str) -> list[dict]:
     """One row per entry and validation step from a run's log rows; the step-0 (untrained) scores beside each."""
-    val = sorted((r for r in log_rows if r.get("split") == "val" and r.get("entries")), key=lambda r: r["step"])
+    val = validation_rows(log_rows)
     if not val or val[0]["step"] != 0:
         raise SystemExit("the run's log.jsonl has no step-0 validation (the untrained model) to compare with")
     untrained = {e["id"]: e for e in val[0]["entries"]}
@@ -144,6 +136,16 @@ def report(run_dir: Path, name: str, config: str, ids: list[str], steps: int | N
     print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
 
 
+def report_run(run_dir: Path, args) -> None:
+    """``--report RUN_DIR``: the result of a fit run already on disk (the run's own ids, steps and validation
+    interval from its config.yaml)."""
+    if not (run_dir / "log.jsonl").is_file() or not (run_dir / "config.yaml").is_file():
+        raise SystemExit(f"--report {run_dir}: not a run folder (no log.jsonl and config.yaml)")
+    ran = load(str(run_dir / "config.yaml"), [])
+    report(run_dir, args.name or run_dir.name, args.config, list(ran.data.train_ids), ran.trainer.max_steps,
+           ran.trainer.val_every, Path(args.out), args.tag)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m mini_of3.bench fit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -160,47 +162,24 @@ def main(argv: list[str] | None = None) -> None:
                         help="train nothing: write the result of an existing fit run (one stopped early too) from its "
                              "log.jsonl and config.yaml")
     args, overrides = parser.parse_known_args(argv)   # key=value overrides of the config, as for train.py
-    if "=" in args.config:                             # no config named, only overrides
-        args.config, overrides = DEFAULT_CONFIG, [args.config, *overrides]
-    bad = [o for o in overrides if "=" not in o]
-    if bad:
-        raise SystemExit(f"unexpected argument {bad[0]!r} (options are --ids, --steps, --every, --data, --name, "
-                         f"--out, --tag; overrides are key=value)")
     if args.report:
-        run_dir = Path(args.report)
-        if not (run_dir / "log.jsonl").is_file() or not (run_dir / "config.yaml").is_file():
-            raise SystemExit(f"--report {run_dir}: not a run folder (no log.jsonl and config.yaml)")
-        ran = load_config(str(run_dir / "config.yaml"))
-        report(run_dir, args.name or run_dir.name, args.config, list(ran.data.train_ids or []), ran.trainer.max_steps,
-               ran.trainer.val_every, Path(args.out), args.tag)
+        report_run(Path(args.report), args)
         return
+    args.config, overrides = config_argument(args.config, overrides, DEFAULT_CONFIG,
+                                             "--ids, --steps, --every, --data, --name, --out, --tag")
     ids = parse_ids(args.ids)
     every = args.every if args.every is not None else max(1, args.steps // 10)
     if args.steps < 1 or every < 1:
         raise SystemExit(f"--steps and --every must be >= 1, got {args.steps}, {every}")
-    if not Path(args.config).is_file():
-        raise SystemExit(f"config {args.config!r} not found")
     if args.data and not (Path(args.data) / "manifest.tsv").is_file():
         raise SystemExit(f"--data {args.data}: no manifest.tsv (prepare the data first: python -m "
                          f"mini_of3.data.prepare SRC {args.data})")
     name = args.name or f"fit{len(ids)}"
-    try:
-        cfg = load_config(args.config, fit_overrides(ids, args.steps, every, args.data, name, overrides))
-    except ConfigError as err:
-        raise SystemExit(f"config: {err}") from None
+    cfg = load(args.config, fit_overrides(ids, args.steps, every, args.data, name, overrides))
 
-    from mini_of3.data import prepare_data
-    from mini_of3.trainer import Trainer, TrainingError
-    try:
-        prepared = prepare_data(cfg.data, progress=True)
-    except (OSError, ValueError, RuntimeError) as err:
-        raise SystemExit(f"data.root={cfg.data.root}: {err}") from None
+    cfg, prepared = prepare_once(cfg)
     check_entries(prepared, ids, cfg.data)
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, root=str(prepared)))   # prepared once
-    try:
-        done = Trainer(cfg).fit()
-    except (TrainingError, ConfigError) as err:
-        raise SystemExit(str(err)) from None
+    done = run_trainer(cfg)
 
     report(done.out_dir, name, args.config, ids, args.steps, every, Path(args.out), args.tag)
 

@@ -113,7 +113,8 @@ def sample_weights(rows: Sequence[ManifestRow], how: Literal["uniform", "length"
 class ProteinDataset(Dataset):
     """Cropped examples of the entries of a prepared folder (see :func:`select_entries` for ``split``); ``train``
     also leaves out the entries homologous to a validation entry (:func:`validation_homologues`, listed in
-    ``removed`` and by :meth:`removal_report`).
+    ``removed`` and by :meth:`removal_report`). Crops have ``cfg.crop_size`` tokens, those of ``val``
+    ``cfg.val_crop_size`` when set (so that runs with different training crops validate on the same tokens).
 
     ``dataset[index]`` uses the current ``epoch`` (:meth:`set_epoch`); ``dataset[(index, epoch)]`` names it. Each
     item is a dict of tensors (:mod:`.tokens`) plus ``id``, ``pdb_id`` and ``crop_method``.
@@ -138,6 +139,7 @@ class ProteinDataset(Dataset):
             missing = sorted(v for v in named[1] if v.upper() not in found)
             if missing:
                 warnings.warn(f"{prepared}: {named[0]} {missing} are not among the entries that pass the filters")
+        self.crop_size = cfg.val_crop_size if split == "val" and cfg.val_crop_size is not None else cfg.crop_size
         self.epoch = 0
         self._interface: OrderedDict[int, np.ndarray] = OrderedDict()   # per-worker cache of interface masks
         self._interface_cache = interface_cache
@@ -164,7 +166,7 @@ class ProteinDataset(Dataset):
             raise IndexError(f"index {index} out of range for {len(self.rows)} entries")
         row = self.rows[index]
         structure = self.structure(index)
-        crop = crop_structure(structure, self.cfg.crop_size, crop_rng(self.seed, epoch, index),
+        crop = crop_structure(structure, self.crop_size, crop_rng(self.seed, epoch, index),
                               weights=self.cfg.crop_weights, interface=self._interface.get(index),
                               distance=self.cfg.interface_distance)
         if crop.interface is not None and index not in self._interface:

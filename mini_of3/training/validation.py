@@ -53,7 +53,8 @@ def validation_sums(model: nn.Module, batches: Iterable[dict], *, loss_cfg: Loss
                     real: int | None = None) -> tuple[torch.Tensor, list[dict]]:
     """(sums, entries). sums: ``[2, len(KEYS)]`` float64, row 0 the sums of each key over the structures of the
     first ``real`` batches (all when None; the others are run, not counted), row 1 their counts (NaN values, e.g. no
-    long-range contact, are left out). entries: one dict per structure counted, its ``id`` and its METRICS.
+    long-range contact, are left out). entries: one dict per structure counted, its ``id``, ``tokens`` (of its
+    validation crop) and its METRICS.
     ``batches`` are already on the model's device; the model is the plain module, in eval mode, holding the weights
     to validate."""
     sums = torch.zeros(2, len(KEYS), dtype=torch.float64)
@@ -67,8 +68,9 @@ def validation_sums(model: nn.Module, batches: Iterable[dict], *, loss_cfg: Loss
         if real is not None and i >= real:
             continue
         total, parts = compute_losses(forward, batch, loss_cfg)
-        for entry, row in zip(batch["id"], score_batch(out, batch)):
-            entries.append({"id": entry, **{key: row[key] for key in METRICS}})
+        tokens = batch["token_mask"].sum(-1).tolist()                        # [B] real tokens of each crop
+        for entry, n_tokens, row in zip(batch["id"], tokens, score_batch(out, batch)):
+            entries.append({"id": entry, "tokens": n_tokens, **{key: row[key] for key in METRICS}})
             for j, key in enumerate(METRICS):
                 if math.isfinite(row[key]):
                     sums[0, j] += row[key]

@@ -56,6 +56,23 @@ def test_getitem_is_a_function_of_index_and_epoch(prepared):
     assert torch.equal(ds[i]["ca"], a["ca"])
 
 
+def test_validation_crops_have_their_own_size_the_training_crops_keep_crop_size(prepared):
+    """data.val_crop_size: runs with different training crops validate on the same tokens (python -m
+    mini_of3.ablate); unset, validation crops to data.crop_size as before."""
+    rows = read_manifest(prepared)
+    big = max(rows, key=lambda r: r.tokens)
+    cfg = dataclasses.replace(CFG, crop_size=32, val_ids=[big.id], max_tokens=None)
+    for train_crop in (32, 48):
+        fixed = dataclasses.replace(cfg, crop_size=train_crop, val_crop_size=64)
+        val, train = ProteinDataset(prepared, fixed, "val"), ProteinDataset(prepared, fixed, "train")
+        assert [r.id for r in val.rows] == [big.id] and len(val[(0, 0)]["restype"]) == min(64, big.tokens)
+        assert {len(train[(i, 0)]["restype"]) for i in range(3)} <= set(range(1, train_crop + 1))
+        if train_crop == 32:
+            first = val[(0, 0)]
+        assert torch.equal(val[(0, 0)]["residue_index"], first["residue_index"])   # the same tokens
+    assert len(ProteinDataset(prepared, cfg, "val")[(0, 0)]["restype"]) == min(32, big.tokens)
+
+
 def test_filters(prepared):
     rows = read_manifest(prepared)
     assert all(r.tokens >= 100 for r in select_entries(rows, dataclasses.replace(CFG, min_tokens=100), "all"))

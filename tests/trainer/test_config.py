@@ -121,3 +121,13 @@ def test_training_on_the_validation_entries_needs_the_homology_filter_off():
         load_config(None, ["data.train_ids=[1crn,1L2Y]", "data.val_ids=[1CRN]"])
     cfg = load_config(None, ["data.train_ids=[1crn,1L2Y]", "data.val_ids=[1CRN]", "data.val_identity_cut=null"])
     assert cfg.data.train_ids == ["1crn", "1L2Y"] and cfg.data.val_identity_cut is None
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("trainer.max_minutes=0", "trainer.max_minutes: got 0.0, expected > 0 or null"),
+    ("data.val_crop_size=0", "data.val_crop_size: got 0, expected >= 1 or null"),
+])
+def test_time_budget_and_validation_crop_are_checked(override, expected):
+    with pytest.raises(ConfigError, match=expected.replace(".", r"\.")):
+        load_config(REPO / "configs" / "default.yaml", [override])
+    assert load_config(REPO / "configs" / "default.yaml", []).trainer.max_minutes is None

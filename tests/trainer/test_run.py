@@ -78,6 +78,23 @@ def test_resume_from_a_checkpoint_path_into_a_new_run_is_exact(reference_run, sm
     assert log_rows(out)[-1]["loss"] == log_rows(reference_run)[3]["loss"]
 
 
+def test_a_time_budget_ends_the_run_with_a_validation_and_a_checkpoint_and_holds_on_resume(small_data, tmp_path,
+                                                                                           capsys):
+    """trainer.max_minutes counts the training steps only; 6 ms is less than any step, so the run stops after one,
+    validates and writes its final checkpoint; resumed, the budget is already spent (train_s is in the checkpoint)."""
+    out = tmp_path / "budget"
+    result = train(tiny_config(small_data, out, trainer__max_steps=1000, trainer__max_minutes=1e-4))
+    assert result.step == 1 and result.stopped_by is None and result.train_s >= 6e-3
+    assert [r["step"] for r in log_rows(out, "val")] == [0, 1]                   # the last validation at the end
+    assert [c.path.name for c in list_checkpoints(out)] == ["step_1"]
+    assert read_state(out / "checkpoints" / "step_1")["train_s"] == result.train_s == log_rows(out)[0]["train_s"]
+    assert "trainer.max_minutes=0.0001 reached" in capsys.readouterr().out
+    again = train(tiny_config(small_data, out, trainer__max_steps=1000, trainer__max_minutes=1e-4))
+    assert again.step == 1 and len(log_rows(out)) == 1 and again.train_s == result.train_s
+    more = train(tiny_config(small_data, out, trainer__max_steps=2))               # no budget: on to max_steps
+    assert more.step == 2 and log_rows(out)[-1]["train_s"] > result.train_s
+
+
 def test_resume_never_refuses_a_folder_with_checkpoints(reference_run, small_data):
     with pytest.raises(TrainingError, match="trainer.resume=never but .* already holds checkpoints"):
         train(tiny_config(small_data, reference_run, trainer__resume="never"))
