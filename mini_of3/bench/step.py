@@ -63,7 +63,7 @@ def parse_crops(text: str) -> list[int]:
         raise SystemExit(f"--crops: expected comma-separated token counts, got {text!r}") from None
     if not crops or min(crops) < 8:
         raise SystemExit(f"--crops: expected crop sizes of at least 8 tokens, got {text!r}")
-    return sorted(crops)
+    return list(dict.fromkeys(crops))     # in the order given: a time limit may cut the last ones
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -247,8 +247,9 @@ def breakdown(arm: Arm, batch: dict) -> tuple[dict[str, float], list[list]]:
 # the benchmark
 
 
-def bench_crop(arms: list[Arm], batch: dict, crop: int, rounds: int, warmup: int) -> list[dict]:
-    """Rows of one crop: warm-up (the first step's loss is loss0), interleaved timed rounds, peak, breakdown."""
+def bench_crop(arms: list[Arm], batch: dict, crop: int, rounds: int, warmup: int, profile: bool = True) -> list[dict]:
+    """Rows of one crop: warm-up (the first step's loss is loss0), interleaved timed rounds, peak, and with
+    ``profile`` the breakdown."""
     live = [a for a in arms if a.slow_from is None]
     rows = {a.name: {"impl": a.name, "N": int(batch["token_mask"].shape[1])} for a in arms}
     for arm in live:
@@ -270,7 +271,8 @@ def bench_crop(arms: list[Arm], batch: dict, crop: int, rounds: int, warmup: int
         row["step_spread_s"] = [values[0], values[-1]]
         # memory a step allocates above the weights and the optimizer state
         row["peak_mib"] = peak_mib(lambda: arm.step(batch)) if arm.device.type == "cuda" else None
-        row["breakdown_ms"], row["top_kernels"] = breakdown(arm, batch)
+        if profile:
+            row["breakdown_ms"], row["top_kernels"] = breakdown(arm, batch)
     for arm in arms:
         arm.release()
     return [rows[a.name] for a in arms]
@@ -294,7 +296,7 @@ def plot(rows: list[dict], path: Path) -> None:
     left.set_title("training step")
     if timed:
         largest = max(r["N"] for r in timed)
-        at = [r for r in timed if r["N"] == largest]
+        at = [r for r in timed if r["N"] == largest and "breakdown_ms" in r]
         bottom = [0.0] * len(at)
         for category in CATEGORIES:
             heights = [r["breakdown_ms"].get(category, 0.0) for r in at]
@@ -312,16 +314,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m mini_of3.bench step", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="a training config (its model and optim)")
-    parser.add_argument("--crops", default="256,384,512,640,768")
+    parser.add_argument("--crops", default="256,384,512,640,768", help="crop sizes, benchmarked in this order")
     parser.add_argument("--arms", default=DEFAULT_ARMS, help="comma-separated <tri_attn_backend>+<tri_mul_backend>")
     parser.add_argument("--data", default=None, help="a prepared folder (default: the config's data.cache_dir)")
     parser.add_argument("--rounds", type=int, default=5, help="timed steps per arm, interleaved")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per arm first (compilation, autotuning; "
                         f"an arm whose last one takes over {SLOW_STEP_S:.0f} s is not timed at this crop or above)")
+    parser.add_argument("--profile-crops", default=None,
+                        help="crops whose GPU time is broken down by a profiled step (default: the largest)")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="", help="suffix of the result file names")
     args, overrides = parser.parse_known_args(argv)   # key=value overrides of the config, as for train.py
     arm_names, crops = parse_arms(args.arms), parse_crops(args.crops)
+    profiled = set(parse_crops(args.profile_crops)) if args.profile_crops else {max(crops)}
     if args.rounds < 1 or args.warmup < 1:
         raise SystemExit(f"--rounds and --warmup must be >= 1, got {args.rounds}, {args.warmup}")
     args.config, cfg = load_bench_config(args.config, overrides, DEFAULT_CONFIG, ("model.n_recycles=0",))
@@ -346,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     for crop in crops:
         batch, entry = real_crop(prepared, crop, device)
         print(f"crop {crop}: {entry}, {batch['token_mask'].shape[1]} tokens", flush=True)
-        for row in bench_crop(arms, batch, crop, args.rounds, args.warmup):
+        for row in bench_crop(arms, batch, crop, args.rounds, args.warmup, crop in profiled):
             result["rows"].append({**row, "crop": crop, "entry": entry})
         write_json(result, out / f"{stem}.json")
     rows = result["rows"]

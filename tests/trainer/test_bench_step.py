@@ -17,7 +17,7 @@ def test_step_bench_writes_rows_with_every_field_and_a_plot(small_data, tmp_path
     prepared, _ = small_data
     step.main(["configs/default.yaml", "--crops", "16,24", "--arms", "torch+torch", "--rounds", "2",
                "--warmup", "1", "--data", str(prepared), "--out", str(tmp_path), "--tag", "t",
-               *tiny_model_overrides()])
+               "--profile-crops", "16,24", *tiny_model_overrides()])
     result = json.loads((tmp_path / "step_t.json").read_text())
     assert result["bench"] == "step" and (tmp_path / "step_t.png").stat().st_size > 0
     assert [(r["impl"], r["N"]) for r in result["rows"]] == [("torch+torch", 16), ("torch+torch", 24)]
@@ -34,6 +34,15 @@ def test_two_arms_with_the_same_weights_start_from_the_same_loss(small_data, tmp
                "--warmup", "1", "--data", str(prepared), "--out", str(tmp_path), *tiny_model_overrides()])
     first, second = json.loads((tmp_path / "step.json").read_text())["rows"]
     assert first["loss0"] == second["loss0"]          # auto is torch on the CPU: the same arm, bitwise
+    assert "breakdown_ms" in first                    # the largest crop is profiled by default
+
+
+def test_only_the_named_crops_are_profiled(small_data, tmp_path):
+    prepared, _ = small_data
+    step.main(["configs/default.yaml", "--crops", "16,24", "--arms", "torch+torch", "--rounds", "1", "--warmup", "1",
+               "--profile-crops", "16", "--data", str(prepared), "--out", str(tmp_path), *tiny_model_overrides()])
+    rows = json.loads((tmp_path / "step.json").read_text())["rows"]
+    assert ["breakdown_ms" in r for r in rows] == [True, False]
 
 
 @pytest.mark.parametrize("argv,message", [
