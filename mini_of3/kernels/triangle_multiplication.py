@@ -203,9 +203,10 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
     d_ln_in = part_in.sum(0)[:, :C]                                              # [2, C]
     d_pg = _batch_sum(torch.matmul(dpg, x), torch.float32)                      # [4 h, C]
     d_g_out = _batch_sum(torch.matmul(dgpre.view(B, NN, C).mT, x), g_out.dtype)  # [C, C]
-    return (dz, d_ln_in[0].to(ln_in_w.dtype), d_ln_in[1].to(ln_in_b.dtype), d_pg[:2 * h].to(p_in.dtype),
-            d_pg[2 * h:].to(g_in.dtype), d_ln_out[0].to(ln_out_w.dtype), d_ln_out[1].to(ln_out_b.dtype), d_p_out,
-            d_g_out)
+    # separate tensors, not views of one (a custom op's outputs may not alias each other)
+    grads = (d_ln_in[0], d_ln_in[1], d_pg[:2 * h], d_pg[2 * h:], d_ln_out[0], d_ln_out[1])
+    dtypes = (ln_in_w.dtype, ln_in_b.dtype, p_in.dtype, g_in.dtype, ln_out_w.dtype, ln_out_b.dtype)
+    return (dz, *(g.to(dtype, copy=True) for g, dtype in zip(grads, dtypes)), d_p_out, d_g_out)
 
 
 # ---------------------------------------------------------------------------------------------------------------
