@@ -24,8 +24,6 @@ all gradients repeat bitwise for a given device.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
@@ -110,9 +108,8 @@ def _tiles(C: int, hidden: int) -> dict:
     output program. Small under the interpreter, so that the tests' small N span several tiles and chunks."""
     if interpreting():
         return dict(block_m=32, block_hc=16, block_p=32, warps_proj=4, warps_out=4)
-    block_p = int(os.environ.get("MINI_OF3_TRI_MUL_BLOCK_P", 64 if hidden <= 128 else 32))
-    return dict(block_m=int(os.environ.get("MINI_OF3_TRI_MUL_BLOCK_M", 64)), block_hc=64 if hidden >= 64 else 32,
-                block_p=block_p, warps_proj=8, warps_out=4)
+    return dict(block_m=64, block_hc=64 if hidden >= 64 else 32, block_p=64 if hidden <= 128 else 32, warps_proj=8,
+                warps_out=4)
 
 
 def _pow2(n: int) -> int:
