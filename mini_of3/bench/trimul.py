@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
             result["rows"].extend(bench_shape(impls, n, direction, args, device, n in check_ns))
             write_json(result, out / f"{stem}.json")
             print(f"N={n} {direction}: {time.time() - t0:.0f} s", flush=True)
-    plot(result["rows"], out / f"{stem}.png")
+        plot(result["rows"], out / f"{stem}.png")   # after every N, so that a run cut short keeps its figure
     for r in result["rows"]:
         if "err" in r:
             print(f"{r['impl']:>14} {r['layer']} N={r['N']} bitwise={r['bitwise']} err: "
