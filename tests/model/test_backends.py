@@ -26,9 +26,11 @@ REL32 = 2 ** 7 * torch.finfo(torch.float32).eps
 
 
 @pytest.mark.skipif(not triton_available, reason="needs CUDA or TRITON_INTERPRET=1 (set by tests/conftest.py)")
-def test_model_on_mini_of3_kernel_equals_torch_path_forward_and_gradients(monkeypatch):
+@pytest.mark.parametrize("tri_mul", ["auto", "mini_of3"])
+def test_model_on_mini_of3_kernel_equals_torch_path_forward_and_gradients(monkeypatch, tri_mul):
     """Tiny model (N = 20, c_z 16, one block, head dims 16): every attention of the trunk and the diffusion
-    module runs on our Triton kernel; outputs, losses and every parameter gradient match the torch path."""
+    module runs on our Triton kernel (and, with tri_mul = mini_of3, both triangle multiplications on theirs);
+    outputs, losses and every parameter gradient match the torch path."""
     calls = []
     real_kernel = tab.triangle_attention
 
@@ -41,7 +43,7 @@ def test_model_on_mini_of3_kernel_equals_torch_path_forward_and_gradients(monkey
     batch = {k: v.to(device) for k, v in as_batch(read_tokens("1L2Y")).items()}
     torch.manual_seed(0)
     reference = perturb_zero_parameters(build_model(tiny_config(tri_attn_backend="torch"))).to(device)
-    fused = build_model(tiny_config(tri_attn_backend="mini_of3")).to(device)
+    fused = build_model(tiny_config(tri_attn_backend="mini_of3", tri_mul_backend=tri_mul)).to(device)
     fused.load_state_dict(reference.state_dict())
     results = []
     for model in (reference, fused):
