@@ -136,6 +136,25 @@ def test_bitwise_repeat(direction):
         assert torch.equal(runs[0][name], runs[1][name]), f"{name} differs between runs"
 
 
+@pytest.mark.parametrize("direction", ["outgoing", "incoming"])
+def test_contractions_take_views_not_copies(monkeypatch, direction):
+    """Every cuBLAS product of the forward and backward gets its operands as contiguous tensors or transposed views
+    of them (unit stride on one of the last two axes: a GEMM operand, no copy), the incoming direction included."""
+    seen = []
+    real_matmul = torch.matmul
+
+    def spy(a, b, **kwargs):
+        seen.append((a.stride()[-2:], b.stride()[-2:]))
+        return real_matmul(a, b, **kwargs)
+
+    monkeypatch.setattr(torch, "matmul", spy)
+    z, pair, weights, dout = make_inputs(1, 13, 16, 16)
+    run(triangle_multiplication, z, pair, weights, dout, direction=direction, backend="triton")
+    assert len(seen) == 6   # the contraction, its two backward products, the p_out, p_in + g_in and g_out GEMMs
+    for strides in seen:
+        assert all(1 in s for s in strides), strides
+
+
 def test_inference_path_equals_the_autograd_path():
     """Without gradients the forward runs without an autograd node; same bits as with one."""
     z, pair, weights, dout = make_inputs(1, 13, 16, 16)
