@@ -65,7 +65,7 @@ class ModelConfig:
     pair_dropout: float = 0.25
     n_recycles: int = 3                      # training samples 0..n_recycles per step; inference uses n_recycles
     tri_attn_backend: Literal["auto", "mini_of3", "torch", "trifast", "cueq", "of3_triton"] = "auto"
-    tri_mul_backend: Literal["auto", "torch", "cueq"] = "auto"   # + "mini_of3" once its fused kernel exists
+    tri_mul_backend: Literal["auto", "mini_of3", "torch", "cueq"] = "auto"   # auto = torch
     tri_attn_activation: Literal["softmax", "sigmoid"] = "softmax"
     checkpointing: bool = True               # activation checkpointing per Pairformer block
     distogram_bins: int = 64

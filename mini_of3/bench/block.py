@@ -7,8 +7,7 @@ N/10 tokens padding. Implementations (``--impls``):
 
 - ``torch``: eager PyTorch (``tri_attn_backend=torch``, ``tri_mul_backend=torch``)
 - ``torch_compile``: the same block under ``torch.compile``
-- ``mini_of3``: our triangle attention kernel; our triangle multiplication once ``mini_of3.kernels`` has it, else
-  the eager one (the row's ``tri_mul_backend`` says which)
+- ``mini_of3``: our triangle attention and triangle multiplication kernels
 - ``cueq``: cuEquivariance's triangle attention and triangle multiplication
 
 Rows: ``impl``, ``layer`` (tri_mul_out, tri_mul_in, tri_attn_start, tri_attn_end, pair_transition, single_attention,
@@ -23,7 +22,6 @@ from pathlib import Path
 
 import torch
 
-from mini_of3 import kernels
 from mini_of3.bench.common import (load_bench_config, package_versions, peak_mib, print_table, result_header,
                                    write_json)
 from mini_of3.model.pairformer import PairformerBlock
@@ -38,8 +36,6 @@ DEFAULT_CONFIG = "configs/crop384.yaml"
 def build_block(cfg, impl: str, device: torch.device) -> PairformerBlock:
     """The config's Pairformer block with the implementation's backends (same weights for every impl: seeded)."""
     attn, mul, _ = IMPLS[impl]
-    if mul == "mini_of3" and not hasattr(kernels, "triangle_multiplication"):
-        mul = "torch"
     m = cfg.model
     torch.manual_seed(cfg.seed)
     block = PairformerBlock(c_s=m.c_s, c_z=m.c_z, n_heads_tri=m.n_heads_tri, c_hidden_tri=m.c_hidden_tri,

@@ -60,3 +60,50 @@ def triangle_attention_ref(
     else:
         raise ValueError(f"activation must be 'softmax' or 'sigmoid', got {activation!r}")
     return torch.einsum("bihjk,bikhd->bijhd", probs.to(v.dtype), v)
+
+
+def triangle_multiplication_reference(
+    z: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    direction: str = "outgoing",
+    norm_in_weight: torch.Tensor,
+    norm_in_bias: torch.Tensor,
+    p_in_weight: torch.Tensor,
+    g_in_weight: torch.Tensor,
+    norm_out_weight: torch.Tensor,
+    norm_out_bias: torch.Tensor,
+    p_out_weight: torch.Tensor,
+    g_out_weight: torch.Tensor,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """Triangle multiplicative update, outgoing (AF3 SI Alg 12) or incoming (Alg 13), line by line.
+
+    x = LayerNorm(z); a, b = sigmoid(x g_in^T) * (x p_in^T) (first h channels a, last h b), times the pair mask;
+    outgoing t_ijc = sum_k a_ikc b_jkc, incoming t_ijc = sum_k a_kic b_kjc; out = sigmoid(x g_out^T) *
+    (LayerNorm(t) p_out^T). Computed in z's dtype (the weights cast to it); float64 z makes it the tests' oracle.
+
+    Args:
+        z: [B, N, N, C]; mask: [B, N, N] (bool or float, 1 = keep) or None
+        p_in_weight, g_in_weight: [2 h, C]; p_out_weight: [C, h]; g_out_weight: [C, C]
+    Returns:
+        [B, N, N, C] in z's dtype
+    """
+    if direction not in ("outgoing", "incoming"):
+        raise ValueError(f"direction must be 'outgoing' or 'incoming', got {direction!r}")
+    w = {name: t.to(z.dtype) for name, t in dict(
+        norm_in_weight=norm_in_weight, norm_in_bias=norm_in_bias, p_in_weight=p_in_weight, g_in_weight=g_in_weight,
+        norm_out_weight=norm_out_weight, norm_out_bias=norm_out_bias, p_out_weight=p_out_weight,
+        g_out_weight=g_out_weight).items()}
+    h = w["p_in_weight"].shape[0] // 2
+    x = torch.nn.functional.layer_norm(z, z.shape[-1:], w["norm_in_weight"], w["norm_in_bias"], eps)
+    ab = torch.sigmoid(x @ w["g_in_weight"].T) * (x @ w["p_in_weight"].T)                 # [B, N, N, 2 h]
+    if mask is not None:
+        ab = ab * mask[..., None].to(ab.dtype)
+    a, b = ab[..., :h], ab[..., h:]
+    if direction == "outgoing":
+        t = torch.einsum("bikc,bjkc->bijc", a, b)                                         # [B, N, N, h]
+    else:
+        t = torch.einsum("bkic,bkjc->bijc", a, b)
+    t = torch.nn.functional.layer_norm(t, (h,), w["norm_out_weight"], w["norm_out_bias"], eps)
+    return torch.sigmoid(x @ w["g_out_weight"].T) * (t @ w["p_out_weight"].T)

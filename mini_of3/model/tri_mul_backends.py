@@ -3,9 +3,10 @@
     triangle_multiplication(z, mask, *, direction, norm_in_weight, norm_in_bias, p_in_weight, g_in_weight,
                             norm_out_weight, norm_out_bias, p_out_weight, g_out_weight, eps) -> [B, N, N, C]
 
-``torch`` is the plain PyTorch version below, ``cueq`` cuEquivariance's fused ``triangle_multiplicative_update``
-(imported only when chosen), ``auto`` the torch version. ``mini_of3`` (our fused kernel) joins the list once
-``mini_of3.kernels`` exports ``triangle_multiplication``; until then the config rejects it.
+``torch`` is the plain PyTorch version below, ``mini_of3`` our fused Triton kernel
+(``mini_of3.kernels.triangle_multiplication``; CUDA, or CPU under TRITON_INTERPRET=1, else it raises a ValueError
+at the call, as the ``mini_of3`` attention backend does), ``cueq`` cuEquivariance's fused
+``triangle_multiplicative_update`` (imported only when chosen), ``auto`` the torch version.
 """
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from mini_of3.kernels import triangle_multiplication
 from mini_of3.model.norm import layer_norm
 from mini_of3.model.projections import linear_channels_first
 from mini_of3.model.tri_attn_backends import import_anchor
 
-TRI_MUL_BACKENDS = ("auto", "torch", "cueq")
+TRI_MUL_BACKENDS = ("auto", "mini_of3", "torch", "cueq")
 
 
 def triangle_multiplication_torch(
@@ -77,6 +79,10 @@ def triangle_multiplication_torch(
     return g * out.view(B, N, N, C)
 
 
+def _mini_of3(z, mask=None, **weights):
+    return triangle_multiplication(z, mask, backend="triton", **weights)
+
+
 def _cueq(fn) -> Callable:
     def update(z, mask=None, **weights):
         return fn(z, mask=None if mask is None else mask.to(z.dtype), **weights)
@@ -89,4 +95,6 @@ def tri_mul_backend(name: str) -> Callable:
         raise ValueError(f"tri_mul_backend must be one of {TRI_MUL_BACKENDS}, got {name!r}")
     if name in ("auto", "torch"):
         return triangle_multiplication_torch
+    if name == "mini_of3":
+        return _mini_of3
     return _cueq(import_anchor("cueq", "cuequivariance_torch", "triangle_multiplicative_update"))

@@ -24,7 +24,7 @@ class TriangleMultiplication(nn.Module):
     c_z : pair channels
     c_hidden : channels of a and b (AF3: 128)
     direction : "outgoing" | "incoming"
-    backend : model.tri_mul_backend (auto | torch | cueq)
+    backend : model.tri_mul_backend (auto | mini_of3 | torch | cueq)
     """
 
     def __init__(self, *, c_z: int, c_hidden: int, direction: Literal["outgoing", "incoming"],

@@ -6,7 +6,6 @@ import os
 import pytest
 import torch
 
-import mini_of3.kernels as kernels
 import mini_of3.model.tri_attn_backends as tab
 from mini_of3.config import ConfigError, LossConfig, load_config
 from mini_of3.kernels import triangle_attention_ref
@@ -14,7 +13,7 @@ from mini_of3.losses import compute_losses
 from mini_of3.model import build_model
 from mini_of3.model.tri_attn_backends import tri_attn_backend
 from mini_of3.model.tri_mul_backends import tri_mul_backend
-from mini_of3.model.triangle import TriangleAttention
+from mini_of3.model.triangle import TriangleAttention, TriangleMultiplication
 from structures import as_batch, read_tokens
 from tiny import perturb_zero_parameters, relative_error, tiny_config
 
@@ -27,9 +26,11 @@ REL32 = 2 ** 7 * torch.finfo(torch.float32).eps
 
 
 @pytest.mark.skipif(not triton_available, reason="needs CUDA or TRITON_INTERPRET=1 (set by tests/conftest.py)")
-def test_model_on_mini_of3_kernel_equals_torch_path_forward_and_gradients(monkeypatch):
+@pytest.mark.parametrize("tri_mul", ["auto", "mini_of3"])
+def test_model_on_mini_of3_kernel_equals_torch_path_forward_and_gradients(monkeypatch, tri_mul):
     """Tiny model (N = 20, c_z 16, one block, head dims 16): every attention of the trunk and the diffusion
-    module runs on our Triton kernel; outputs, losses and every parameter gradient match the torch path."""
+    module runs on our Triton kernel (and, with tri_mul = mini_of3, both triangle multiplications on theirs);
+    outputs, losses and every parameter gradient match the torch path."""
     calls = []
     real_kernel = tab.triangle_attention
 
@@ -42,7 +43,7 @@ def test_model_on_mini_of3_kernel_equals_torch_path_forward_and_gradients(monkey
     batch = {k: v.to(device) for k, v in as_batch(read_tokens("1L2Y")).items()}
     torch.manual_seed(0)
     reference = perturb_zero_parameters(build_model(tiny_config(tri_attn_backend="torch"))).to(device)
-    fused = build_model(tiny_config(tri_attn_backend="mini_of3")).to(device)
+    fused = build_model(tiny_config(tri_attn_backend="mini_of3", tri_mul_backend=tri_mul)).to(device)
     fused.load_state_dict(reference.state_dict())
     results = []
     for model in (reference, fused):
@@ -81,6 +82,40 @@ def test_both_nodes_pass_one_projection_and_a_contiguous_bias_to_the_kernel(monk
     assert all(stride == (N * N * row, N * row, row, D, 1) for stride, _ in call["qkv"])
     assert len({storage for _, storage in call["qkv"]}) == 1
     assert call["bias"] and call["mask"]
+
+
+@pytest.mark.skipif(not triton_available, reason="needs CUDA or TRITON_INTERPRET=1 (set by tests/conftest.py)")
+@pytest.mark.parametrize("direction", ["outgoing", "incoming"])
+def test_tri_mul_on_mini_of3_kernel_equals_torch_path(direction):
+    """TriangleMultiplication (AF3 SI Alg 12/13) with tri_mul_backend=mini_of3 against the torch path, float32, with
+    padded tokens: the update and the gradients of z and of every parameter."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    layers = [TriangleMultiplication(c_z=16, c_hidden=16, direction=direction, backend=b).to(device)
+              for b in ("torch", "mini_of3")]
+    perturb_zero_parameters(layers[0])
+    layers[1].load_state_dict(layers[0].state_dict())
+    z = torch.randn(2, 11, 11, 16, device=device)
+    token = torch.ones(2, 11, dtype=torch.bool, device=device)
+    token[1, 8:] = False
+    pair = token[:, :, None] & token[:, None, :]
+    results = []
+    for layer in layers:
+        zi = z.clone().requires_grad_(True)
+        out = layer(zi, pair)
+        (out * torch.linspace(-1, 1, out.numel(), device=device).view(out.shape)).sum().backward()
+        results.append([out.detach(), zi.grad] + [p.grad for p in layer.parameters()])
+    for i, (got, ref) in enumerate(zip(results[1], results[0])):
+        assert relative_error(got, ref) < REL32, (i, relative_error(got, ref))
+
+
+def test_tri_mul_mini_of3_without_cuda_or_interpreter_names_the_fix(monkeypatch):
+    """Like the mini_of3 attention backend: on CPU without TRITON_INTERPRET=1 the call raises a ValueError."""
+    import sys
+    monkeypatch.setattr(sys.modules["mini_of3.kernels.triangle_multiplication"], "interpreting", lambda: False)
+    layer = TriangleMultiplication(c_z=16, c_hidden=16, direction="outgoing", backend="mini_of3")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        layer(torch.randn(1, 4, 4, 16), torch.ones(1, 4, 4, dtype=torch.bool))
 
 
 def test_auto_is_the_torch_reference_on_cpu():
@@ -145,12 +180,10 @@ def test_backend_argument_errors():
     if importlib.util.find_spec("cuequivariance_torch") is None:
         with pytest.raises(ImportError, match="cuequivariance_torch"):
             build_model(tiny_config(tri_mul_backend="cueq"))
-    if not hasattr(kernels, "triangle_multiplication"):   # no fused kernel yet: the config names what there is
-        with pytest.raises(ValueError, match="tri_mul_backend"):
-            tri_mul_backend("mini_of3")
-        expected = "model.tri_mul_backend: got 'mini_of3', expected one of auto, torch, cueq"
-        with pytest.raises(ConfigError, match=expected):
-            load_config(None, ["model.tri_mul_backend=mini_of3"])
+    expected = "model.tri_mul_backend: got 'fused', expected one of auto, mini_of3, torch, cueq"
+    with pytest.raises(ConfigError, match=expected):
+        load_config(None, ["model.tri_mul_backend=fused"])
+    assert load_config(None, ["model.tri_mul_backend=mini_of3"]).model.tri_mul_backend == "mini_of3"
     assert build_model(tiny_config(tri_mul_backend="auto")).pairformer.blocks[0].tri_mul_out.update \
         is tri_mul_backend("torch")
 

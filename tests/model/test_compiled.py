@@ -13,10 +13,11 @@ from tiny import perturb_zero_parameters, relative_error, tiny_config
 REL32 = 2 ** 7 * torch.finfo(torch.float32).eps     # two float32 evaluations summing in different orders
 
 
-def block_and_inputs(backend: str):
+def block_and_inputs(backend: str, tri_mul_backend: str = "auto"):
     torch.manual_seed(0)
     block = PairformerBlock(c_s=32, c_z=16, n_heads_tri=2, c_hidden_tri=16, n_heads_single=2, c_hidden_mul=16,
-                            transition_factor=2, pair_dropout=0.0, tri_attn_backend=backend)
+                            transition_factor=2, pair_dropout=0.0, tri_attn_backend=backend,
+                            tri_mul_backend=tri_mul_backend)
     perturb_zero_parameters(block)
     s, z = torch.randn(1, 11, 32), torch.randn(1, 11, 11, 16)
     mask = torch.ones(1, 11, dtype=torch.bool)
@@ -24,11 +25,32 @@ def block_and_inputs(backend: str):
     return block, s, z, mask
 
 
-@pytest.mark.parametrize("backend", ["torch", "mini_of3"])
-def test_the_block_compiles_to_one_graph_without_breaks(backend):
-    block, s, z, mask = block_and_inputs(backend)
+@pytest.mark.parametrize("backend,tri_mul_backend", [("torch", "auto"), ("mini_of3", "auto"),
+                                                     ("mini_of3", "mini_of3")])
+def test_the_block_compiles_to_one_graph_without_breaks(backend, tri_mul_backend):
+    block, s, z, mask = block_and_inputs(backend, tri_mul_backend)
     explained = torch._dynamo.explain(run_block)(block, s, z, mask)
     assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+
+
+def test_block_on_both_kernels_compiled_fullgraph_matches_eager():
+    """The block with our triangle attention and triangle multiplication kernels (custom ops, the Triton interpreter
+    on CPU) under torch.compile(fullgraph=True), bf16 autocast: outputs and every parameter gradient as eager. The
+    aot_eager backend traces forward and backward as inductor does, without its minute of CPU code generation; the
+    kernels then see the same inputs, and the rest runs the same ATen ops, so the results agree bitwise."""
+    block, s, z, mask = block_and_inputs("mini_of3", "mini_of3")
+    results = []
+    for fn in (run_block, torch.compile(run_block, backend="aot_eager", fullgraph=True)):
+        block.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            s_out, z_out = fn(block, s, z, mask)
+        (s_out.float().square().sum() + z_out.float().square().sum()).backward()
+        results.append((s_out.detach(), z_out.detach(), {n: p.grad.clone() for n, p in block.named_parameters()}))
+    torch._dynamo.reset()
+    (s0, z0, g0), (s1, z1, g1) = results
+    assert torch.equal(s1, s0) and torch.equal(z1, z0)
+    for name, g in g0.items():
+        assert torch.equal(g1[name], g), name
 
 
 @pytest.mark.slow

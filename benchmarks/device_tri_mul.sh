@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call for the fused triangle multiplication (issue 16): its tests on CUDA, the op alone beside the eager,
+# compiled and cuEquivariance versions, and the Pairformer block at N = 768.
+#   MINI_OF3_COMMIT=<hash> bash benchmarks/device_tri_mul.sh [TAG] [NS] [STEPS]
+# STEPS: any of tests, bench, block (default all three). Carry .whl (the anchors, ../shared/tools/anchor_wheels.sh)
+# for the cueq rows; without it they are reported as skipped. Limits (seconds, the call has 600): tests 150
+# (MINI_OF3_TESTS_LIMIT), bench 300 (MINI_OF3_BENCH_LIMIT), block what is left up to 540 in all.
+# Writes $OUT/trimul_<TAG>.json/.png (python -m mini_of3.bench trimul), $OUT/block_trimul_<TAG>.json/.png and the
+# logs $OUT/tests.log, $OUT/bench.log, $OUT/block.log; prints the tables last.
+# MINI_OF3_COMMIT must be given: the device checkout reports a stale HEAD.
+set -u
+tag=${1:-dev}; ns=${2:-256,384,512,640,768}; steps=${3:-tests,bench,block}
+: "${MINI_OF3_COMMIT:?set MINI_OF3_COMMIT to the commit measured}"
+source benchmarks/device_env.sh
+if [[ $steps == *tests* ]]; then   # the kernel tests at the GPU sizes (N = 97, 256) and the model-level ones
+  MINI_OF3_AUTOTUNE=0 timeout ${MINI_OF3_TESTS_LIMIT:-150} python3 -m pytest -q --tb=short -p no:cacheprovider \
+    tests/kernels/test_triangle_multiplication.py tests/model/test_backends.py -k "tri_mul or multiplication" \
+    > "$OUT/tests.log" 2>&1
+fi
+if [[ $steps == *bench* ]]; then
+  timeout ${MINI_OF3_BENCH_LIMIT:-300} python3 -m mini_of3.bench trimul --ns "$ns" \
+    --impls "${MINI_OF3_IMPLS:-torch,torch_compile,cueq,mini_of3}" --check-ns 256 --out "$OUT" --tag "$tag" \
+    > "$OUT/bench.log" 2>&1
+fi
+if [[ $steps == *block* ]]; then
+  left=$(( 540 - SECONDS )); if (( left > 20 )); then
+    timeout $left python3 -m mini_of3.bench block configs/crop384.yaml --ns 768 --impls torch,mini_of3,cueq \
+      --reps 5 --rounds 2 --out "$OUT" --tag "trimul_$tag" > "$OUT/block.log" 2>&1
+  else echo "block: no time left ($SECONDS s used)" > "$OUT/block.log"; fi
+fi
+echo "== tests";  tail -6 "$OUT/tests.log" 2>/dev/null
+echo "== block (N = 768)"; grep -v 'Warning\|warn' "$OUT/block.log" 2>/dev/null | grep -E "impl|tri_mul|block|Error|error" | tail -12
+echo "== trimul ($SECONDS s in all)"; grep -v 'Warning\|warn' "$OUT/bench.log" 2>/dev/null | tail -48

@@ -1,0 +1,338 @@
+"""Fused triangle multiplicative update (AF3 SI Alg 12 outgoing, Alg 13 incoming): the public function, its checks,
+the launchers and the autograd-wired custom ops.
+
+    triangle_multiplication(z, mask=None, *, direction="outgoing", norm_in_weight, norm_in_bias, p_in_weight,
+                            g_in_weight, norm_out_weight, norm_out_bias, p_out_weight, g_out_weight, eps=1e-5,
+                            backend="auto") -> [B, N, N, C]
+
+The semantics of ``mini_of3.model.tri_mul_backends.triangle_multiplication_torch`` (cuEquivariance's argument names).
+Structure (kernels and launch order: tri_mul_kernels.py): two Triton kernels around one cuBLAS contraction forward,
+their mirrors around two cuBLAS contractions backward. The contraction itself stays in cuBLAS: it is 2 N^3 h FLOPs
+(116 GFLOP at N = 768, h = 128), which cuBLAS runs near the tensor cores' peak on [B * h, N, N] operands, outgoing
+t_c = a_c b_c^T and incoming t_c = a_c^T b_c as transposed operands of the same batched GEMM (no copies). Everything
+around it is memory-bound, so the Triton kernels fuse each side into one pass over the pair tensor: LayerNorm, the
+four projections, gates and mask before (one read of z); LayerNorm over h, the output projection and gate after (one
+read of t). The forward keeps a, b, t and g_out's pre-activation in the compute dtype for the backward (the
+projections are recomputed from z there, cheaper than keeping the four of them).
+
+Precision (16-bit compute dtype, i.e. bf16 autocast): the projections, the contraction and the output projection run
+on the tensor cores with float32 accumulation; a, b, t, the normalised t and the output are rounded to bf16 once each,
+as in the eager version under autocast; LayerNorm statistics, gates and their gradients are float32. Gradients: no
+atomics. The weight gradients (sums over the N * N pairs) are cuBLAS GEMMs over operands materialised in the compute
+dtype; the LayerNorm affine gradients are per-program float32 partials summed by torch in a fixed order. Output and
+all gradients repeat bitwise for a given device.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from mini_of3.kernels import tri_mul_kernels as K
+from mini_of3.kernels.launch import _dot_precision, _new, interpreting
+from mini_of3.kernels.reference import triangle_multiplication_reference
+
+BACKENDS = ("auto", "triton", "torch")
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+WEIGHT_NAMES = ("norm_in_weight", "norm_in_bias", "p_in_weight", "g_in_weight", "norm_out_weight", "norm_out_bias",
+                "p_out_weight", "g_out_weight")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# input checks
+
+
+def _check_inputs(z, mask, direction, weights: dict, backend: str) -> None:
+    if not isinstance(z, torch.Tensor) or z.dim() != 4 or z.shape[1] != z.shape[2]:
+        raise ValueError(f"triangle_multiplication: z must be a [B, N, N, C] tensor, got "
+                         f"{tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__}")
+    B, N, _, C = z.shape
+    if z.dtype not in (*SUPPORTED_DTYPES, torch.float64):
+        raise TypeError(f"triangle_multiplication: z dtype must be float16, bfloat16 or float32, got {z.dtype}")
+    h2 = weights["p_in_weight"].shape[0] if weights["p_in_weight"].dim() == 2 else -1
+    expected = {"norm_in_weight": (C,), "norm_in_bias": (C,), "p_in_weight": (h2, C), "g_in_weight": (h2, C),
+                "norm_out_weight": (h2 // 2,), "norm_out_bias": (h2 // 2,), "p_out_weight": (C, h2 // 2),
+                "g_out_weight": (C, C)}
+    for name, shape in expected.items():
+        w = weights[name]
+        if not isinstance(w, torch.Tensor):
+            raise TypeError(f"triangle_multiplication: {name} must be a torch.Tensor, got {type(w).__name__}")
+        if tuple(w.shape) != shape or h2 < 2 or h2 % 2:
+            raise ValueError(f"triangle_multiplication: {name} must be {shape} for z of shape {tuple(z.shape)} and "
+                             f"p_in_weight of shape {tuple(weights['p_in_weight'].shape)} (2 h rows), got "
+                             f"{tuple(w.shape)}")
+        if not w.is_floating_point():
+            raise TypeError(f"triangle_multiplication: {name} must be floating point, got {w.dtype}")
+    devices = {z.device, *(w.device for w in weights.values())}
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(f"triangle_multiplication: mask must be a tensor or None, got {type(mask).__name__}")
+        if tuple(mask.shape) != (B, N, N):
+            raise ValueError(f"triangle_multiplication: mask must be [B, N, N] = {(B, N, N)}, got "
+                             f"{tuple(mask.shape)}")
+        if mask.dtype != torch.bool and not mask.is_floating_point():
+            raise TypeError(f"triangle_multiplication: mask must be bool or floating point, got {mask.dtype}")
+        devices.add(mask.device)
+    if len(devices) > 1:
+        raise ValueError(f"triangle_multiplication: all inputs must be on one device, got {sorted(map(str, devices))}")
+    if direction not in ("outgoing", "incoming"):
+        raise ValueError(f"triangle_multiplication: direction must be 'outgoing' or 'incoming', got {direction!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"triangle_multiplication: backend must be one of {BACKENDS}, got {backend!r}")
+    if min(B, N) < 1:
+        raise ValueError(f"triangle_multiplication: every dimension must be >= 1, got z of shape {tuple(z.shape)}")
+
+
+def _resolve_backend(backend: str, z: torch.Tensor, hidden: int) -> str:
+    if backend == "auto":
+        return "triton" if z.is_cuda else "torch"
+    if backend == "triton":
+        if not z.is_cuda and not interpreting():
+            raise ValueError("triangle_multiplication: backend='triton' needs CUDA tensors, or CPU tensors with "
+                             "TRITON_INTERPRET=1 set before mini_of3 is imported")
+        C = z.shape[-1]
+        if C % 16 or hidden % 16:
+            raise ValueError(f"triangle_multiplication: the Triton kernel needs the pair channels C and the hidden "
+                             f"channels h to be multiples of 16 (tensor-core tiles), got C={C}, h={hidden}")
+        if z.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"triangle_multiplication: the Triton kernel takes float16, bfloat16 or float32 z, got "
+                            f"{z.dtype}")
+    return backend
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tiles and launchers
+
+
+def _tiles(C: int, hidden: int) -> dict:
+    """Fixed tiles: BLOCK_M pairs per projection program (chunks of BLOCK_HC hidden channels), BLOCK_P pairs per
+    output program. Small under the interpreter, so that the tests' small N span several tiles and chunks."""
+    if interpreting():
+        return dict(block_m=32, block_hc=16, block_p=32, warps_proj=4, warps_out=4)
+    return dict(block_m=64, block_hc=64 if hidden >= 64 else 32, block_p=64 if hidden <= 128 else 32, warps_proj=8,
+                warps_out=4)
+
+
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(n)
+
+
+def forward(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out, outgoing: bool, eps: float,
+            compute_dtype: torch.dtype, out_dtype: torch.dtype):
+    """out [B, N, N, C] (out_dtype) and the residuals of the backward: ab [2, B * h, N, N], t [B * h, N, N],
+    g_out's pre-activation [B, N, N, C] (all compute_dtype), stats_in, stats_out [2, B, N * N] float32."""
+    B, N, _, C = z.shape
+    h, NN, dev = p_in.shape[0] // 2, N * N, z.device
+    tiles = _tiles(C, h)
+    cdt = compute_dtype
+    w_p, w_g, w_go, w_po = (w.to(cdt).contiguous() for w in (p_in, g_in, g_out, p_out))
+    ab = _new((2, B * h, N, N), cdt, dev)
+    gpre = _new((B, N, N, C), cdt, dev)
+    stats_in = _new((2, B, NN), torch.float32, dev)
+    m_arg, m_strides = (mask, mask.stride()) if mask is not None else (z, (0, 0, 0))
+    K._proj_fwd[(triton.cdiv(NN, tiles["block_m"]), B)](
+        z, m_arg, ln_in_w.float().contiguous(), ln_in_b.float().contiguous(), w_p, w_g, w_go, ab, gpre,
+        stats_in[0], stats_in[1], *z.stride(), *m_strides, N, NN, B * h * NN, eps,
+        C=C, H=h, HAS_MASK=mask is not None, DOT_PREC=_dot_precision(cdt), BLOCK_M=tiles["block_m"],
+        BLOCK_C=_pow2(C), BLOCK_HC=min(tiles["block_hc"], _pow2(h)), num_warps=tiles["warps_proj"])
+    a, b = ab[0], ab[1]                                                   # [B * h, N, N] each
+    t = torch.matmul(a, b.mT) if outgoing else torch.matmul(a.mT, b)     # [B * h, N(i), N(j)]
+    out = _new((B, N, N, C), out_dtype, dev)
+    stats_out = _new((2, B, NN), torch.float32, dev)
+    K._out_fwd[(triton.cdiv(NN, tiles["block_p"]), B)](
+        t, ln_out_w.float().contiguous(), ln_out_b.float().contiguous(), w_po, gpre, out, stats_out[0], stats_out[1],
+        NN, eps, C=C, H=h, DOT_PREC=_dot_precision(cdt), BLOCK_P=tiles["block_p"], BLOCK_C=_pow2(C),
+        BLOCK_H=_pow2(h), num_warps=tiles["warps_out"])
+    return out, ab, t, gpre, stats_in, stats_out
+
+
+def _batch_sum(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Sum over the leading (batch or program) axis in float32, in order, cast to ``dtype``."""
+    return x.float().sum(0).to(dtype)
+
+
+def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out, ab, t, gpre, stats_in,
+             stats_out, outgoing: bool, eps: float):
+    """dz and the gradients of the eight weights, each in its own dtype."""
+    B, N, _, C = z.shape
+    h, NN, dev, cdt = p_in.shape[0] // 2, N * N, z.device, ab.dtype
+    tiles = _tiles(C, h)
+    w_p, w_g, w_go, w_po = (w.to(cdt).contiguous() for w in (p_in, g_in, g_out, p_out))
+    prec = _dot_precision(cdt)
+
+    # output side: LayerNorm over h, p_out, the gate
+    dt = _new((B * h, N, N), cdt, dev)
+    ta = _new((B, h, NN), cdt, dev)
+    dy = _new((B, NN, C), cdt, dev)
+    dgpre = _new((B, N, N, C), cdt, dev)
+    grid_p = (triton.cdiv(NN, tiles["block_p"]), B)
+    part_out = _new((grid_p[0] * B, 2, _pow2(h)), torch.float32, dev)
+    K._out_bwd[grid_p](
+        t, ln_out_w.float().contiguous(), ln_out_b.float().contiguous(), w_po, gpre, dout, stats_out[0], stats_out[1],
+        dt, ta, dy, dgpre, part_out, *dout.stride(), N, NN, C=C, H=h, DOT_PREC=prec, BLOCK_P=tiles["block_p"],
+        BLOCK_C=_pow2(C), BLOCK_H=_pow2(h), num_warps=tiles["warps_out"])
+    d_ln_out = part_out.sum(0)[:, :h]                                            # [2, h]
+    d_p_out = _batch_sum(torch.matmul(dy.mT, ta.mT), p_out.dtype)                # [B, C, h] -> [C, h]
+    del dy, ta
+
+    # the contraction: outgoing t = a b^T, incoming t = a^T b, per channel
+    a, b = ab[0], ab[1]
+    dab = _new((2, B * h, N, N), cdt, dev)
+    if outgoing:
+        torch.matmul(dt, b, out=dab[0])
+        torch.matmul(dt.mT, a, out=dab[1])
+    else:
+        torch.matmul(b, dt.mT, out=dab[0])
+        torch.matmul(a, dt, out=dab[1])
+    del dt
+
+    # input side: LayerNorm over C, the projections, gates and mask
+    dz = _new(z.shape, z.dtype, dev)
+    dpg = _new((B, 4 * h, NN), cdt, dev)
+    x = _new((B, NN, C), cdt, dev)
+    grid_m = (triton.cdiv(NN, tiles["block_m"]), B)
+    part_in = _new((grid_m[0] * B, 2, _pow2(C)), torch.float32, dev)
+    m_arg, m_strides = (mask, mask.stride()) if mask is not None else (z, (0, 0, 0))
+    K._proj_bwd[grid_m](
+        z, m_arg, ln_in_w.float().contiguous(), ln_in_b.float().contiguous(), w_p, w_g, w_go, dab, dgpre,
+        stats_in[0], stats_in[1], dz, dpg, x, part_in, *z.stride(), *m_strides, N, NN, B * h * NN,
+        C=C, H=h, HAS_MASK=mask is not None, DOT_PREC=prec, BLOCK_M=tiles["block_m"], BLOCK_C=_pow2(C),
+        BLOCK_HC=min(tiles["block_hc"], _pow2(h)), num_warps=tiles["warps_proj"])
+    d_ln_in = part_in.sum(0)[:, :C]                                              # [2, C]
+    d_pg = _batch_sum(torch.matmul(dpg, x), torch.float32)                      # [4 h, C]
+    d_g_out = _batch_sum(torch.matmul(dgpre.view(B, NN, C).mT, x), g_out.dtype)  # [C, C]
+    # separate tensors, not views of one (a custom op's outputs may not alias each other)
+    grads = (d_ln_in[0], d_ln_in[1], d_pg[:2 * h], d_pg[2 * h:], d_ln_out[0], d_ln_out[1])
+    dtypes = (ln_in_w.dtype, ln_in_b.dtype, p_in.dtype, g_in.dtype, ln_out_w.dtype, ln_out_b.dtype)
+    return (dz, *(g.to(dtype, copy=True) for g, dtype in zip(grads, dtypes)), d_p_out, d_g_out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# custom ops (opaque to torch.compile) and autograd
+
+
+@torch.library.custom_op("mini_of3::triangle_multiplication_fwd", mutates_args=())
+def _fwd_op(z: torch.Tensor, mask: torch.Tensor | None, ln_in_w: torch.Tensor, ln_in_b: torch.Tensor,
+            p_in: torch.Tensor, g_in: torch.Tensor, ln_out_w: torch.Tensor, ln_out_b: torch.Tensor,
+            p_out: torch.Tensor, g_out: torch.Tensor, outgoing: bool, eps: float, compute_dtype: torch.dtype,
+            out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                             torch.Tensor]:
+    return forward(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out, outgoing, eps,
+                   compute_dtype, out_dtype)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out, outgoing, eps,
+              compute_dtype, out_dtype):
+    B, N, _, C = z.shape
+    h = p_in.shape[0] // 2
+    return (z.new_empty((B, N, N, C), dtype=out_dtype), z.new_empty((2, B * h, N, N), dtype=compute_dtype),
+            z.new_empty((B * h, N, N), dtype=compute_dtype), z.new_empty((B, N, N, C), dtype=compute_dtype),
+            z.new_empty((2, B, N * N), dtype=torch.float32), z.new_empty((2, B, N * N), dtype=torch.float32))
+
+
+@torch.library.custom_op("mini_of3::triangle_multiplication_bwd", mutates_args=())
+def _bwd_op(dout: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None, ln_in_w: torch.Tensor,
+            ln_in_b: torch.Tensor, p_in: torch.Tensor, g_in: torch.Tensor, ln_out_w: torch.Tensor,
+            ln_out_b: torch.Tensor, p_out: torch.Tensor, g_out: torch.Tensor, ab: torch.Tensor, t: torch.Tensor,
+            gpre: torch.Tensor, stats_in: torch.Tensor, stats_out: torch.Tensor, outgoing: bool, eps: float
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                       torch.Tensor, torch.Tensor, torch.Tensor]:
+    return backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out, ab, t, gpre,
+                    stats_in, stats_out, outgoing, eps)
+
+
+@_bwd_op.register_fake
+def _bwd_fake(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out, ab, t, gpre, stats_in,
+              stats_out, outgoing, eps):
+    return tuple(x.new_empty(x.shape) for x in (z, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out))
+
+
+def _setup_context(ctx, inputs, output):
+    z, mask, *weights, outgoing, eps, _compute_dtype, _out_dtype = inputs
+    _out, *residuals = output
+    ctx.save_for_backward(z, mask, *weights, *residuals)
+    ctx.outgoing, ctx.eps = outgoing, eps
+    ctx.mark_non_differentiable(*residuals)
+    ctx.set_materialize_grads(False)     # no zero-filled gradients for the residuals
+
+
+def _autograd_backward(ctx, dout, *_residual_grads, backward_fn=_bwd_op):
+    z, mask, *rest = ctx.saved_tensors
+    grads = backward_fn(dout, z, mask, *rest, ctx.outgoing, ctx.eps)
+    return grads[0], None, *grads[1:], None, None, None, None
+
+
+_fwd_op.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+class _EagerTriangleMultiplication(torch.autograd.Function):
+    """The eager path: the custom ops' forward and backward without torch.library's dispatch (host time, as in
+    triangle_attention.py). Under torch.compile the custom ops are used, opaque to the compiler."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = forward(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, *residual_grads):
+        return _autograd_backward(ctx, dout, *residual_grads, backward_fn=backward)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# public function
+
+
+def triangle_multiplication(
+    z: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    direction: str = "outgoing",
+    norm_in_weight: torch.Tensor,
+    norm_in_bias: torch.Tensor,
+    p_in_weight: torch.Tensor,
+    g_in_weight: torch.Tensor,
+    norm_out_weight: torch.Tensor,
+    norm_out_bias: torch.Tensor,
+    p_out_weight: torch.Tensor,
+    g_out_weight: torch.Tensor,
+    eps: float = 1e-5,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Fused triangle multiplicative update, outgoing (AF3 SI Alg 12) or incoming (Alg 13).
+
+    out_ij = sigmoid(x_ij g_out^T) * (LayerNorm(sum_k a_ik b_jk) p_out^T) (outgoing; incoming sums a_ki b_kj), with
+    x = LayerNorm(z), a | b = (x p_in^T) * sigmoid(x g_in^T) * mask.
+
+    Args:
+        z: [B, N, N, C], any strides; float32, bfloat16 or float16
+        mask: [B, N, N] pair mask (bool or float, 1 = keep), any strides, or None
+        p_in_weight, g_in_weight: [2 h, C]; the first h rows make a, the last h make b
+        norm_in_weight, norm_in_bias: [C]; norm_out_weight, norm_out_bias: [h]; p_out_weight: [C, h];
+        g_out_weight: [C, C]
+        backend: "triton" (CUDA, or CPU under TRITON_INTERPRET=1; C and h multiples of 16), "torch" (the plain
+            reference of reference.py, as called) or "auto" (triton on CUDA, else torch)
+    Returns:
+        [B, N, N, C], contiguous: in the autocast dtype under autocast (as the eager version returns), else in z's
+        dtype. The Triton path computes in that dtype with float32 accumulation and statistics; gradients come in
+        each input's dtype.
+    """
+    weights = dict(norm_in_weight=norm_in_weight, norm_in_bias=norm_in_bias, p_in_weight=p_in_weight,
+                   g_in_weight=g_in_weight, norm_out_weight=norm_out_weight, norm_out_bias=norm_out_bias,
+                   p_out_weight=p_out_weight, g_out_weight=g_out_weight)
+    _check_inputs(z, mask, direction, weights, backend)
+    if _resolve_backend(backend, z, p_in_weight.shape[0] // 2) == "torch":
+        return triangle_multiplication_reference(z, mask, direction=direction, eps=eps, **weights)
+    device = z.device.type
+    if torch.is_autocast_enabled(device):
+        compute_dtype = out_dtype = torch.get_autocast_dtype(device)
+    else:
+        compute_dtype = out_dtype = z.dtype
+    inputs = (z, mask, *(weights[name] for name in WEIGHT_NAMES), direction == "outgoing", float(eps), compute_dtype,
+              out_dtype)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (z, *weights.values()))
+    if not needs_grad and not torch.compiler.is_compiling():   # inference: no autograd node
+        return forward(*inputs)[0]
+    apply = _fwd_op if torch.compiler.is_compiling() else _EagerTriangleMultiplication.apply
+    return apply(*inputs)[0]
