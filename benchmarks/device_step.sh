@@ -6,7 +6,7 @@
 # STEPS: any of kernels, step, block (default kernels,step); MINI_OF3_BLOCK_IMPLS: block's impls. Writes $OUT/kernels_layouts_<TAG>.json/.png, $OUT/step_<TAG>.json/.png.
 set -u
 tag=${1:-dev}; steps=${2:-kernels,step}; crops=${3:-256,384,512,640,768}
-arms=${4:-mini_of3+cueq,cueq+cueq,trifast+cueq,of3_triton+cueq,mini_of3+torch,torch+torch}; kns=${5:-768}
+arms=${4:-mini_of3+mini_of3,mini_of3+cueq,cueq+cueq,trifast+cueq,of3_triton+cueq,cueq+mini_of3}; kns=${5:-768}
 : "${MINI_OF3_COMMIT:?set MINI_OF3_COMMIT to the commit measured}"
 source benchmarks/device_env.sh
 if [[ $steps == *kernels* ]]; then

@@ -33,7 +33,7 @@ from mini_of3.model.tri_mul_backends import TRI_MUL_BACKENDS
 from mini_of3.training.optim import build_optimizer
 
 DEFAULT_CONFIG = "configs/crop384.yaml"
-DEFAULT_ARMS = "mini_of3+cueq,cueq+cueq,trifast+cueq,of3_triton+cueq,mini_of3+torch,torch+torch"
+DEFAULT_ARMS = "mini_of3+mini_of3,mini_of3+cueq,cueq+cueq,trifast+cueq,of3_triton+cueq,cueq+mini_of3,mini_of3+torch"
 SLOW_STEP_S = 10.0        # an arm whose warm-up step takes longer is not timed at this crop or any larger one
 CATEGORIES = ("triangle attention", "triangle multiplication", "GEMMs", "layer norms", "copies/casts",
               "diffusion module (fwd)", "pLDDT rollout", "optimizer", "other")
