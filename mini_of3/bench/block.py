@@ -16,14 +16,13 @@ single_transition, block), ``N``, ``fwd_ms``, ``fwdbwd_ms``, ``peak_mib``. On a 
 from __future__ import annotations
 
 import argparse
-import time
 import traceback
 from pathlib import Path
 
 import torch
 
-from mini_of3.bench.common import (load_bench_config, package_versions, peak_mib, print_table, result_header,
-                                   write_json)
+from mini_of3.bench.common import (elapsed_ms, load_bench_config, package_versions, peak_mib, print_table,
+                                   result_header, write_json)
 from mini_of3.model.pairformer import PairformerBlock
 
 IMPLS = {"torch": ("torch", "torch", False), "torch_compile": ("torch", "torch", True),
@@ -72,19 +71,6 @@ def _sum_outputs(out) -> torch.Tensor:
     return sum(o.float().square().mean() for o in outs)
 
 
-def _elapsed_ms(fn, device: torch.device) -> float:
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
-
-
 def time_layer(fn, inputs: list[torch.Tensor], device: torch.device, reps: int) -> tuple[float, float]:
     """Median forward and forward+backward milliseconds of one layer (after one warm-up each)."""
     def fwd():
@@ -98,7 +84,7 @@ def time_layer(fn, inputs: list[torch.Tensor], device: torch.device, reps: int) 
     medians = []
     for work in (fwd, fwdbwd):
         work()
-        times = sorted(_elapsed_ms(work, device) for _ in range(reps))
+        times = sorted(elapsed_ms(work, device) for _ in range(reps))
         medians.append(times[len(times) // 2])
     return medians[0], medians[1]
 

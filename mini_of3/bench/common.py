@@ -9,6 +9,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -32,6 +33,20 @@ def median_ms(fn: Callable[[int], object], *, warmup: int = 5, reps: int = 30, r
         times.append(start.elapsed_time(end))
     times.sort()
     return times[len(times) // 2]
+
+
+def elapsed_ms(fn: Callable[[], object], device: torch.device) -> float:
+    """Milliseconds of one call of ``fn``: CUDA events on a GPU, wall-clock on a CPU (tests only)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
 
 
 def peak_mib(fn: Callable[[], object]) -> float:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from mini_of3.bench.common import package_versions, peak_mib, print_table, result_header, write_json
+from mini_of3.bench.common import elapsed_ms, package_versions, peak_mib, print_table, result_header, write_json
 from mini_of3.kernels import triangle_multiplication, triangle_multiplication_reference
 from mini_of3.model.tri_mul_backends import tri_mul_backend, triangle_multiplication_torch
 
@@ -92,24 +92,11 @@ def reference_fp64(z, mask, weights, dout, direction) -> dict[str, torch.Tensor]
     return {"out": out.detach(), "dz": got[0], **dict(zip(w64, got[1:]))}
 
 
-def _elapsed_ms(fn, device: torch.device) -> float:
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
-
-
 def median_ms(fn: Callable[[int], object], device: torch.device, reps: int, warmup: int = 3, rotate: int = 3) -> float:
     """Median of ``reps`` timings of ``fn(r)`` (r cycling over the input sets), after ``warmup`` calls."""
     for r in range(warmup):
         fn(r % rotate)
-    times = sorted(_elapsed_ms(lambda r=r: fn(r % rotate), device) for r in range(reps))
+    times = sorted(elapsed_ms(lambda r=r: fn(r % rotate), device) for r in range(reps))
     return times[len(times) // 2]
 
 
