@@ -264,9 +264,15 @@ class Trainer:
                 self._save(val)
 
     def _out_of_time(self) -> bool:
-        """The training steps have taken ``trainer.max_minutes`` (validation and checkpoints do not count)."""
+        """The training steps have taken ``trainer.max_minutes`` (validation and checkpoints do not count). Every
+        process measures its own steps, so with several the slowest decides: all stop after the same step."""
         budget = self.cfg.trainer.max_minutes
-        return budget is not None and self.train_s >= budget * 60
+        if budget is None:
+            return False
+        spent = torch.tensor(self.train_s, device=self.acc.device)
+        if self.world > 1:
+            torch.distributed.all_reduce(spent, op=torch.distributed.ReduceOp.MAX)
+        return spent.item() >= budget * 60
 
     def _step_or_stop(self) -> bool:
         """One training step; False when a signal cut it short (the state from before it is then saved). A loader

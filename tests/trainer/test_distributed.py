@@ -237,3 +237,14 @@ def test_fsdp_in_bf16_trains(small_data, tmp_path):
     assert done.returncode == 0, describe(done)
     rows = log_rows(out)
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)
+
+
+def test_a_time_budget_stops_every_rank_after_the_same_step(small_data, tmp_path):
+    """trainer.max_minutes on 2 processes: each rank times its own steps, and the slowest one decides (an all-reduce
+    of the time spent), so both stop after the same step instead of one waiting in the next step's collectives."""
+    out = tmp_path / "budget"
+    done = run_train(overrides(small_data, out, trainer__max_steps=1000, trainer__max_minutes=1e-4),
+                     launcher=launcher(2))
+    assert done.returncode == 0, describe(done)
+    assert [r["step"] for r in log_rows(out)] == [1]
+    assert read_state(out / "checkpoints" / "step_1")["world_size"] == 2
