@@ -53,16 +53,6 @@ def run(fn, q, k, v, bias, mask, do, backward: bool):
     return [o, *(t.grad for t in leaves)]
 
 
-def timed(fn, args, backward: bool) -> float:
-    import torch
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    run(fn, *args, backward)
-    stop.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(stop)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--extract", metavar="COMMIT")
@@ -78,7 +68,7 @@ def main() -> None:
     sys.path.insert(0, str(OLD_ROOT))
     import old_kernels
     from mini_of3 import kernels
-    from mini_of3.bench.common import peak_mib, result_header, write_json
+    from mini_of3.bench.common import elapsed_ms, peak_mib, result_header, write_json
     impls = {"before": old_kernels.triangle_attention, "after": kernels.triangle_attention}
     result = result_header("kernel")
     result["before_commit"] = (OLD_ROOT / "COMMIT").read_text().strip()
@@ -91,7 +81,7 @@ def main() -> None:
             for r in range(args.rounds):
                 for name, fn in (list(impls.items()) if r % 2 == 0 else list(impls.items())[::-1]):
                     for bwd in (False, True):
-                        times[name, bwd].append(timed(fn, data, bwd))
+                        times[name, bwd].append(elapsed_ms(lambda: run(fn, *data, bwd), data[0].device))
             for name, fn in impls.items():
                 row = {"impl": f"mini_of3_{name}", "layout": "contiguous", "N": n, "D": d, "H": 4,
                        "fwd_ms": statistics.median(times[name, False]),

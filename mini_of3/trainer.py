@@ -103,6 +103,7 @@ class Trainer:
         self.step, self.epoch, self.consumed = 0, 0, 0       # data position: sampler epoch, examples this rank used
         self.nonfinite_total, self.nonfinite_in_row = 0, 0
         self.train_s = 0.0                                   # seconds spent in training steps (trainer.max_minutes)
+        self.out_of_time = False                             # train_s reached trainer.max_minutes (_check_time)
         self.best: dict | None = None                        # {"step", "lddt_ca"} of the best validation
         self.first_val: dict | None = None
         self.last_val: dict | None = None
@@ -248,31 +249,36 @@ class Trainer:
         t = self.cfg.trainer
         if self.step == 0 and self.resume_from is None:
             self._validate()                                 # the untrained model, for comparison
-        while self.step < t.max_steps and not self._out_of_time():
+        self._check_time()                                   # a resumed run may have spent its budget
+        while self.step < t.max_steps and not self.out_of_time:
             if not self._step_or_stop():
                 return
+            self._check_time()
             bar.update(1)
             if self.main and self.step % t.log_every == 0:
                 bar.set_postfix(loss=self.log.rows[-1]["loss"], lr=f"{self.log.rows[-1]['lr']:.2e}", refresh=False)
             if self.stop.signal is not None:
                 self._save()
                 return
-            last = self.step == t.max_steps or self._out_of_time()
+            last = self.step == t.max_steps or self.out_of_time
             val = self._validate() if self.step % t.val_every == 0 or last else None
             improved = val is not None and self.best is not None and self.best["step"] == self.step
             if self.step % t.checkpoint_every == 0 or last or improved:
                 self._save(val)
 
-    def _out_of_time(self) -> bool:
-        """The training steps have taken ``trainer.max_minutes`` (validation and checkpoints do not count). Every
-        process measures its own steps, so with several the slowest decides: all stop after the same step."""
+    def _check_time(self) -> None:
+        """Set ``out_of_time`` once the training steps have taken ``trainer.max_minutes`` (validation and
+        checkpoints do not count). Every process measures its own steps, so with several the slowest decides (one
+        all-reduce per step): all stop after the same step."""
         budget = self.cfg.trainer.max_minutes
         if budget is None:
-            return False
-        spent = torch.tensor(self.train_s, device=self.acc.device)
+            return
+        spent = self.train_s
         if self.world > 1:
-            torch.distributed.all_reduce(spent, op=torch.distributed.ReduceOp.MAX)
-        return spent.item() >= budget * 60
+            spent_t = torch.tensor(spent, device=self.acc.device)
+            torch.distributed.all_reduce(spent_t, op=torch.distributed.ReduceOp.MAX)
+            spent = spent_t.item()
+        self.out_of_time = spent >= budget * 60
 
     def _step_or_stop(self) -> bool:
         """One training step; False when a signal cut it short (the state from before it is then saved). A loader
@@ -500,7 +506,7 @@ class Trainer:
             return "n/a" if not v or v.get("lddt_ca") is None else f"{v['lddt_ca']:.3f} (step {v['step']})"
 
         stopped = f" (stopped by {self.stop.signal})" if self.stop.signal else \
-            f" (trainer.max_minutes={self.cfg.trainer.max_minutes:g} reached)" if self._out_of_time() else ""
+            f" (trainer.max_minutes={self.cfg.trainer.max_minutes:g} reached)" if self.out_of_time else ""
         self.say(f"done{stopped}: step {self.step} in {wall / 60:.1f} min; validation lDDT-Ca {lddt(self.first_val)}"
                  f" -> {lddt(self.last_val)}; run folder {self.out}")
 
