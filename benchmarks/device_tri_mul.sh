@@ -4,7 +4,7 @@
 #   MINI_OF3_COMMIT=<hash> bash benchmarks/device_tri_mul.sh [TAG] [NS] [STEPS]
 # STEPS: any of tests, bench, block (default all three). Carry .whl (the anchors, ../shared/tools/anchor_wheels.sh)
 # for the cueq rows; without it they are reported as skipped. Limits (seconds, the call has 600): tests 150
-# (MINI_OF3_TESTS_LIMIT), bench 300 (MINI_OF3_BENCH_LIMIT), block what is left up to 540 in all.
+# (MINI_OF3_TESTS_LIMIT), bench 300 (MINI_OF3_BENCH_LIMIT), block what is left up to 540 in all (MINI_OF3_TOTAL_LIMIT).
 # Writes $OUT/trimul_<TAG>.json/.png (python -m mini_of3.bench trimul), $OUT/block_trimul_<TAG>.json/.png and the
 # logs $OUT/tests.log, $OUT/bench.log, $OUT/block.log; prints the tables last.
 # MINI_OF3_COMMIT must be given: the device checkout reports a stale HEAD.
@@ -23,7 +23,7 @@ if [[ $steps == *bench* ]]; then
     > "$OUT/bench.log" 2>&1
 fi
 if [[ $steps == *block* ]]; then
-  left=$(( 540 - SECONDS )); if (( left > 20 )); then
+  left=$(( ${MINI_OF3_TOTAL_LIMIT:-540} - SECONDS )); if (( left > 20 )); then
     timeout $left python3 -m mini_of3.bench block configs/crop384.yaml --ns 768 --impls torch,mini_of3,cueq \
       --reps 5 --rounds 2 --out "$OUT" --tag "trimul_$tag" > "$OUT/block.log" 2>&1
   else echo "block: no time left ($SECONDS s used)" > "$OUT/block.log"; fi
