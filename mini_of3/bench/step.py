@@ -253,10 +253,17 @@ def bench_crop(arms: list[Arm], batch: dict, crop: int, rounds: int, warmup: int
     live = [a for a in arms if a.slow_from is None]
     rows = {a.name: {"impl": a.name, "N": int(batch["token_mask"].shape[1])} for a in arms}
     for arm in live:
-        for w in range(warmup):
-            seconds, loss = timed_step(arm, batch)
-            if w == 0:
-                rows[arm.name]["loss0"] = loss
+        try:
+            for w in range(warmup):
+                seconds, loss = timed_step(arm, batch)
+                if w == 0:
+                    rows[arm.name]["loss0"] = loss
+        except Exception as error:       # an anchor that fails (compilation, an unsupported shape) drops its arm only
+            arm.slow_from = crop
+            rows[arm.name]["skipped"] = f"{type(error).__name__}: {str(error)[:300]}"
+            print(f"{arm.name} at crop {crop}: {rows[arm.name]['skipped']}", flush=True)
+            arm.optimizer.zero_grad(set_to_none=True)
+            continue
         if seconds > SLOW_STEP_S:        # the last warm-up step: the first ones compile and autotune
             arm.slow_from = crop
             rows[arm.name]["skipped"] = f"a step took {seconds:.1f} s > {SLOW_STEP_S} s"

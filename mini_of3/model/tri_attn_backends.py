@@ -86,6 +86,12 @@ def _of3_triton(fn) -> Attend:
     return attend
 
 
+# trifast and OpenFold3 launch their Triton kernels from a plain autograd.Function; inside a compiled block inductor
+# recompiles such kernels itself and trifast's forward fails there (triton 3.6: "acc.type.element_ty == out_dtype"
+# in tl.dot, H200). They run eagerly, a graph break around each call, as a user of them would run them.
+_RAW_TRITON_ANCHORS = ("trifast", "of3_triton")
+
+
 def tri_attn_backend(name: str, activation: str = "softmax") -> Attend:
     """The triangle attention function for ``model.tri_attn_backend`` = ``name`` (imports an anchor now).
 
@@ -104,7 +110,10 @@ def tri_attn_backend(name: str, activation: str = "softmax") -> Attend:
         raise ValueError(f"tri_attn_backend {name!r} implements softmax attention only, got "
                          f"tri_attn_activation={activation!r}")
     fn = import_anchor(name, *_ANCHOR_PACKAGES[name])
-    return {"trifast": _trifast, "cueq": _cueq, "of3_triton": _of3_triton}[name](fn)
+    attend = {"trifast": _trifast, "cueq": _cueq, "of3_triton": _of3_triton}[name](fn)
+    if name in _RAW_TRITON_ANCHORS:
+        attend = torch.compiler.disable(attend)
+    return attend
 
 
 def pair_bias_attention(name: str) -> Attend:
