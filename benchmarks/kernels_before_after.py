@@ -72,7 +72,7 @@ def main() -> None:
     from mini_of3 import kernels
     from mini_of3.bench.common import elapsed_ms, peak_mib, result_header, write_json
     impls = {"before": old_kernels.triangle_attention, "after": kernels.triangle_attention}
-    result = result_header("kernel")
+    result = result_header("kernel", prog="python benchmarks/kernels_before_after.py")
     result["before_commit"] = (OLD_ROOT / "COMMIT").read_text().strip()
     for n in (int(x) for x in args.ns.split(",")):
         for d in (int(x) for x in args.ds.split(",")):

@@ -139,8 +139,10 @@ def timed_step(arm: Arm, batch: dict) -> tuple[float, float]:
 
 
 _BY_NAME = (   # (category, pattern on a kernel's or op's name), first match wins
-    ("triangle attention", r"_fwd\b|_bwd_dq|_bwd_dkdv|_bwd_dbias|_sum_chunks|attention|attn|evoformer"),
-    ("triangle multiplication", r"triangle_mul|trimul|tri_mul|multiplicative"),
+    ("triangle multiplication", r"triangle_mul|trimul|tri_mul|multiplicative|fused_sigmoid_gated_dual_gemm|"
+                                r"layer_norm_transpose"),      # ours (_tri_mul_*) and cuEquivariance's kernels
+    ("triangle attention", r"_fwd\b|_bwd_dq|_bwd_dkdv|_bwd_dbias|_bwd_kv|_bwd_q\b|_bwd_b\b|_sum_chunks|attention|attn|"
+                           r"evoformer|fmha|sdpa"),
     ("GEMMs", r"gemm|cutlass|xmma|nvjet|wgmma|cublas|aten::mm\b|aten::bmm|aten::addmm|aten::matmul|aten::linear"),
     ("layer norms", r"layer_norm|layernorm|LayerNorm"),
     ("copies/casts", r"copy|[Cc]ast|convert|CatArray|aten::to\b|aten::_to_copy|aten::cat|aten::contiguous|"
@@ -325,7 +327,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arms", default=DEFAULT_ARMS, help="comma-separated <tri_attn_backend>+<tri_mul_backend>")
     parser.add_argument("--data", default=None, help="a prepared folder (default: the config's data.cache_dir)")
     parser.add_argument("--rounds", type=int, default=5, help="timed steps per arm, interleaved")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per arm first (compilation, autotuning; "
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per arm first (compilation, autotuning: "
+                        "with compiled blocks and 2 warm-ups, one timed step at 768 took 4.9 s in the s9 sweep; "
                         f"an arm whose last one takes over {SLOW_STEP_S:.0f} s is not timed at this crop or above)")
     parser.add_argument("--profile-crops", default=None,
                         help="crops whose GPU time is broken down by a profiled step (default: the largest)")

@@ -6,19 +6,19 @@ are [B, N, N, C] contiguous. The compute dtype (bf16 under autocast, else the in
 weights the launcher passes (cast once on the host); every statistic and every epilogue is float32.
 
 The default path, in launch order (triangle_multiplication.py):
-    _proj_fwd   reads z, the mask, norm_in, p_in, g_in, g_out; LayerNorm over C, the projections as tl.dot, the
+    _tri_mul_proj_fwd   reads z, the mask, norm_in, p_in, g_in, g_out; LayerNorm over C, the projections as tl.dot, the
                 gate and the mask: writes a, b channels-first ([2, B * h, N, N]), g_out's pre-activation
                 [B, N, N, C] and the LayerNorm statistics (mean, rstd [B, NN]).
     (cuBLAS)    t = a @ b^T (outgoing) or a^T @ b (incoming) on [B * h, N, N] views: [B * h, N, N].
-    _out_fwd    reads t ([h, BLOCK_P] tiles, coalesced along pairs), norm_out, p_out, the g_out pre-activation;
+    _tri_mul_out_fwd    reads t ([h, BLOCK_P] tiles, coalesced along pairs), norm_out, p_out, the g_out pre-activation;
                 LayerNorm over h, p_out, the gate: writes the output [B, N, N, C] and the statistics of t.
 backward:
-    _out_bwd    reads t, its statistics, norm_out, p_out, the g_out pre-activation, dout; writes dt channels-first,
+    _tri_mul_out_bwd    reads t, its statistics, norm_out, p_out, the g_out pre-activation, dout; writes dt channels-first,
                 d(g_out pre-activation) and dy = dout * sigmoid(g) [B, N, N, C], the affine LayerNorm output of t
                 channels-first (the operand of the p_out weight GEMM), and per-program partial sums of the
                 norm_out weight and bias gradients.
     (cuBLAS)    da, db from dt, a, b (transposed operands, no copies); the p_out weight gradient dy^T @ ta^T.
-    _proj_bwd   reads z, its statistics, the mask, the weights, da, db, d(g_out pre-activation); recomputes the
+    _tri_mul_proj_bwd   reads z, its statistics, the mask, the weights, da, db, d(g_out pre-activation); recomputes the
                 LayerNorm and the projections; writes dz, d(projections) channels-first [B, 4 h, N, N], the
                 normalised z in the compute dtype [B, N, N, C] (the weight GEMMs' operand) and per-program partial
                 sums of the norm_in weight and bias gradients.
@@ -72,7 +72,7 @@ def _weight_t(W, rows_w, in_w, offs_c, in_c, C: tl.constexpr):
 
 
 @triton.jit
-def _proj_fwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, AB, GPRE, MEAN, RSTD,
+def _tri_mul_proj_fwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, AB, GPRE, MEAN, RSTD,
               sz_b, sz_i, sz_j, sz_c, sm_b, sm_i, sm_j, N, NN, AB_PART, eps,
               C: tl.constexpr, H: tl.constexpr, HAS_MASK: tl.constexpr, DOT_PREC: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HC: tl.constexpr):
@@ -116,7 +116,7 @@ def _t_tile(T, b, rows, in_rows, offs_h, in_h, NN, H: tl.constexpr):
 
 
 @triton.jit
-def _out_fwd(T, LN_W, LN_B, W_PO, GPRE, OUT, MEAN, RSTD, NN, eps,
+def _tri_mul_out_fwd(T, LN_W, LN_B, W_PO, GPRE, OUT, MEAN, RSTD, NN, eps,
              C: tl.constexpr, H: tl.constexpr, DOT_PREC: tl.constexpr,
              BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr):
     """AF3 SI Alg 12/13 lines 4-5 for BLOCK_P pairs: out = sigmoid(g) * (LayerNorm_h(t) p_out^T), pair-major."""
@@ -150,11 +150,11 @@ def _out_fwd(T, LN_W, LN_B, W_PO, GPRE, OUT, MEAN, RSTD, NN, eps,
 
 
 @triton.jit
-def _out_bwd(T, LN_W, LN_B, W_PO, GPRE, DOUT, MEAN, RSTD, DT, TA, DY, DGPRE, PART,
+def _tri_mul_out_bwd(T, LN_W, LN_B, W_PO, GPRE, DOUT, MEAN, RSTD, DT, TA, DY, DGPRE, PART,
              sd_b, sd_i, sd_j, sd_c, N, NN,
              C: tl.constexpr, H: tl.constexpr, DOT_PREC: tl.constexpr,
              BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr):
-    """The backward of _out_fwd for BLOCK_P pairs: d(g pre-activation), dy = dout * sigmoid(g) and the affine
+    """The backward of _tri_mul_out_fwd for BLOCK_P pairs: d(g pre-activation), dy = dout * sigmoid(g) and the affine
     LayerNorm output ta (operands of the weight GEMMs), dt channels-first, partials of the norm_out gradients."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -195,11 +195,11 @@ def _out_bwd(T, LN_W, LN_B, W_PO, GPRE, DOUT, MEAN, RSTD, DT, TA, DY, DGPRE, PAR
 
 
 @triton.jit
-def _proj_bwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, DAB, DGPRE, MEAN, RSTD, DZ, DPG, X, PART,
+def _tri_mul_proj_bwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, DAB, DGPRE, MEAN, RSTD, DZ, DPG, X, PART,
               sz_b, sz_i, sz_j, sz_c, sm_b, sm_i, sm_j, N, NN, AB_PART,
               C: tl.constexpr, H: tl.constexpr, HAS_MASK: tl.constexpr, DOT_PREC: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HC: tl.constexpr):
-    """The backward of _proj_fwd for BLOCK_M pairs: recomputes x and the projections; writes d(projections)
+    """The backward of _tri_mul_proj_fwd for BLOCK_M pairs: recomputes x and the projections; writes d(projections)
     channels-first [B, 4 h, NN] (rows: p_in's 2 h, then g_in's 2 h), x in the compute dtype, dz, and partials of
     the norm_in gradients."""
     pid = tl.program_id(0)

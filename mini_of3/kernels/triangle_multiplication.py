@@ -86,13 +86,13 @@ def _resolve_backend(backend: str, z: torch.Tensor, hidden: int) -> str:
     if backend == "auto":
         return "triton" if z.is_cuda else "torch"
     if backend == "triton":
-        if not z.is_cuda and not interpreting():
-            raise ValueError("triangle_multiplication: backend='triton' needs CUDA tensors, or CPU tensors with "
-                             "TRITON_INTERPRET=1 set before mini_of3 is imported")
         C = z.shape[-1]
         if C % 16 or hidden % 16:
             raise ValueError(f"triangle_multiplication: the Triton kernel needs the pair channels C and the hidden "
                              f"channels h to be multiples of 16 (tensor-core tiles), got C={C}, h={hidden}")
+        if not z.is_cuda and not interpreting():
+            raise ValueError("triangle_multiplication: backend='triton' needs CUDA tensors, or CPU tensors with "
+                             "TRITON_INTERPRET=1 set before mini_of3 is imported")
         if z.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"triangle_multiplication: the Triton kernel takes float16, bfloat16 or float32 z, got "
                             f"{z.dtype}")
@@ -129,7 +129,7 @@ def forward(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_
     gpre = _new((B, N, N, C), cdt, dev)
     stats_in = _new((2, B, NN), torch.float32, dev)
     m_arg, m_strides = (mask, mask.stride()) if mask is not None else (z, (0, 0, 0))
-    K._proj_fwd[(triton.cdiv(NN, tiles["block_m"]), B)](
+    K._tri_mul_proj_fwd[(triton.cdiv(NN, tiles["block_m"]), B)](
         z, m_arg, ln_in_w.float().contiguous(), ln_in_b.float().contiguous(), w_p, w_g, w_go, ab, gpre,
         stats_in[0], stats_in[1], *z.stride(), *m_strides, N, NN, B * h * NN, eps,
         C=C, H=h, HAS_MASK=mask is not None, DOT_PREC=_dot_precision(cdt), BLOCK_M=tiles["block_m"],
@@ -138,7 +138,7 @@ def forward(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_
     t = torch.matmul(a, b.mT) if outgoing else torch.matmul(a.mT, b)     # [B * h, N(i), N(j)]
     out = _new((B, N, N, C), out_dtype, dev)
     stats_out = _new((2, B, NN), torch.float32, dev)
-    K._out_fwd[(triton.cdiv(NN, tiles["block_p"]), B)](
+    K._tri_mul_out_fwd[(triton.cdiv(NN, tiles["block_p"]), B)](
         t, ln_out_w.float().contiguous(), ln_out_b.float().contiguous(), w_po, gpre, out, stats_out[0], stats_out[1],
         NN, eps, C=C, H=h, DOT_PREC=_dot_precision(cdt), BLOCK_P=tiles["block_p"], BLOCK_C=_pow2(C),
         BLOCK_H=_pow2(h), num_warps=tiles["warps_out"])
@@ -166,7 +166,7 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
     dgpre = _new((B, N, N, C), cdt, dev)
     grid_p = (triton.cdiv(NN, tiles["block_p"]), B)
     part_out = _new((grid_p[0] * B, 2, _pow2(h)), torch.float32, dev)
-    K._out_bwd[grid_p](
+    K._tri_mul_out_bwd[grid_p](
         t, ln_out_w.float().contiguous(), ln_out_b.float().contiguous(), w_po, gpre, dout, stats_out[0], stats_out[1],
         dt, ta, dy, dgpre, part_out, *dout.stride(), N, NN, C=C, H=h, DOT_PREC=prec, BLOCK_P=tiles["block_p"],
         BLOCK_C=_pow2(C), BLOCK_H=_pow2(h), num_warps=tiles["warps_out"])
@@ -192,7 +192,7 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
     grid_m = (triton.cdiv(NN, tiles["block_m"]), B)
     part_in = _new((grid_m[0] * B, 2, _pow2(C)), torch.float32, dev)
     m_arg, m_strides = (mask, mask.stride()) if mask is not None else (z, (0, 0, 0))
-    K._proj_bwd[grid_m](
+    K._tri_mul_proj_bwd[grid_m](
         z, m_arg, ln_in_w.float().contiguous(), ln_in_b.float().contiguous(), w_p, w_g, w_go, dab, dgpre,
         stats_in[0], stats_in[1], dz, dpg, x, part_in, *z.stride(), *m_strides, N, NN, B * h * NN,
         C=C, H=h, HAS_MASK=mask is not None, DOT_PREC=prec, BLOCK_M=tiles["block_m"], BLOCK_C=_pow2(C),
