@@ -124,6 +124,28 @@ def plddt_loss(logits: torch.Tensor, x_sample: torch.Tensor, x_true: torch.Tenso
     return _mean_over_structures((ce * tokens).sum(-1) / count.clamp(min=1), count > 0)
 
 
+def rollout_confidence_sums(outputs: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """What the pLDDT head is trained on, per step: [3] float64 on the CPU, the sums over structures of the mean
+    lDDT-Calpha of the rollout sample (the head's target, :func:`plddt_loss`) and of the head's expected lDDT on it
+    (0-1), and the number of structures with a scored token. A head that lags its targets, or targets far below
+    the validation's samples, show here.
+    """
+    mask = batch["token_mask"] & batch["resolved"]
+    with torch.no_grad():
+        lddt, has_partner = lddt_ca_per_token(outputs["plddt_coords"].detach(), batch["ca"], mask)      # [B, N]
+        logits = outputs["plddt_logits"].detach().float()                                                 # [B, N, bins]
+        n_bins = logits.shape[-1]
+        centres = (torch.arange(n_bins, device=logits.device, dtype=torch.float32) + 0.5) / n_bins
+        predicted = (torch.softmax(logits, dim=-1) * centres).sum(-1)                                    # [B, N]
+        tokens = (mask & has_partner).float()
+        count = tokens.sum(-1)
+        scored = count > 0
+        per_structure = torch.stack([(lddt.float() * tokens).sum(-1), (predicted * tokens).sum(-1)]) \
+            / count.clamp(min=1)                                                                          # [2, B]
+        sums = (per_structure * scored).sum(-1)
+    return torch.cat([sums, scored.sum()[None].to(sums.dtype)]).double().cpu()
+
+
 def compute_losses(outputs: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], cfg: LossConfig
                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The total training loss and its detached parts.

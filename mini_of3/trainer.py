@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from .config import Config, ConfigError, config_to_dict, save_config
 from .data import build_dataloaders, collate, prepare_data
-from .losses import SIGMA_BIN_NAMES, compute_losses, diffusion_loss_by_sigma
+from .losses import SIGMA_BIN_NAMES, compute_losses, diffusion_loss_by_sigma, rollout_confidence_sums
 from .model import build_model
 from .model.compiled import compile_blocks, uncompile_blocks
 from .training import checkpoint as ckpt
@@ -336,7 +336,7 @@ class Trainer:
                     loss, parts = compute_losses(outputs, batch, cfg.loss)
                     self.acc.backward(loss)
                 sums += step_sums(loss, parts, outputs, batch)
-        losses, by_sigma = self._reduce_step_sums(sums)
+        losses, diagnostics = self._reduce_step_sums(sums)
         module_norms = self._module_grad_norms()             # before clipping
         clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
         grad_norm = float(self.acc.clip_grad_norm_(self.model.parameters(), clip))
@@ -355,7 +355,7 @@ class Trainer:
             self.scheduler.step()
         self.step += 1
         row = {"step": self.step, "split": "train", "loss": losses[0], **dict(zip(PARTS, losses[1:])), "lr": lr,
-               "grad_norm": grad_norm, **module_norms, **by_sigma, "recycles": recycles, "epoch": self.epoch,
+               "grad_norm": grad_norm, **module_norms, **diagnostics, "recycles": recycles, "epoch": self.epoch,
                "ids": self._global_ids(ids), "step_s": time.perf_counter() - started, "data_s": data_s,
                "skipped": not finite}
         self.train_s += row["step_s"]
@@ -381,13 +381,15 @@ class Trainer:
 
     def _reduce_step_sums(self, sums: torch.Tensor) -> tuple[list[float], dict[str, float]]:
         """Sum this rank's :func:`step_sums` (over its micro-batches) with the other ranks' (and their stop flags):
-        the step's mean loss and parts, and the diffusion loss per noise bin (:func:`sigma_bin_means`)."""
+        the step's mean loss and parts, the diffusion loss per noise bin (:func:`sigma_bin_means`) and the pLDDT
+        rollout's target and predicted lDDT (:func:`rollout_means`)."""
         flags = torch.tensor([float(self.stop.signal is not None)], dtype=torch.float64)
         reduced = self.acc.reduce(torch.cat([sums, flags]).to(self.acc.device), "sum").cpu()
         if reduced[-1] > 0:
             self.stop.request("a stop signal on another rank")
         losses = (reduced[: 1 + len(PARTS)] / (self.world * self.cfg.trainer.grad_accum)).tolist()
-        return losses, sigma_bin_means(reduced[1 + len(PARTS): -1])
+        sigma_end = 1 + len(PARTS) + 2 * len(SIGMA_BIN_NAMES)
+        return losses, {**sigma_bin_means(reduced[1 + len(PARTS): sigma_end]), **rollout_means(reduced[sigma_end: -1])}
 
     def _module_grad_norms(self) -> dict[str, float]:
         """``{"grad_norm/<module>": norm}`` of the accumulated gradients of each of :data:`MODULES`, before
@@ -511,14 +513,15 @@ class Trainer:
                  f" -> {lddt(self.last_val)}; run folder {self.out}")
 
 
-STEP_SUMS = 1 + len(PARTS) + 2 * len(SIGMA_BIN_NAMES)     # what step_sums returns per micro-batch
+STEP_SUMS = 1 + len(PARTS) + 2 * len(SIGMA_BIN_NAMES) + 3     # what step_sums returns per micro-batch
 
 
 def step_sums(loss: torch.Tensor, parts: dict[str, torch.Tensor], outputs: dict, batch: dict) -> torch.Tensor:
-    """``[STEP_SUMS]`` float64 on the CPU, one micro-batch's: the loss, its PARTS, then the diffusion loss sums and
-    sample counts per noise bin (:func:`mini_of3.losses.diffusion_loss_by_sigma`)."""
+    """``[STEP_SUMS]`` float64 on the CPU, one micro-batch's: the loss, its PARTS, the diffusion loss sums and
+    sample counts per noise bin (:func:`mini_of3.losses.diffusion_loss_by_sigma`), then the pLDDT rollout's target
+    and predicted lDDT sums and structure count (:func:`mini_of3.losses.rollout_confidence_sums`)."""
     return torch.cat([torch.stack([loss.detach(), *(parts[p] for p in PARTS)]).double().cpu(),
-                      *diffusion_loss_by_sigma(outputs, batch)])
+                      *diffusion_loss_by_sigma(outputs, batch), rollout_confidence_sums(outputs, batch)])
 
 
 def module_parameters(model: torch.nn.Module) -> dict[str, list[torch.nn.Parameter]]:
@@ -526,6 +529,14 @@ def module_parameters(model: torch.nn.Module) -> dict[str, list[torch.nn.Paramet
     children = dict(model.named_children())
     return {name: [p for child in parts if child in children for p in children[child].parameters()]
             for name, parts in MODULES.items()}
+
+
+def rollout_means(sums: torch.Tensor) -> dict[str, float]:
+    """``{"rollout_lddt": target, "rollout_plddt": predicted}`` (0-1, means over structures) from the summed
+    :func:`mini_of3.losses.rollout_confidence_sums`; NaN when no structure had a scored token."""
+    target, predicted, count = sums.tolist()
+    return {"rollout_lddt": target / count if count > 0 else float("nan"),
+            "rollout_plddt": predicted / count if count > 0 else float("nan")}
 
 
 def sigma_bin_means(sums_counts: torch.Tensor) -> dict[str, float]:

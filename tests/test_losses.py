@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from mini_of3.config import LossConfig
 from mini_of3.losses import (SIGMA_BIN_NAMES, compute_losses, diffusion_loss_by_sigma, diffusion_mse_loss,
-                             distogram_loss, plddt_loss, smooth_lddt_loss, weighted_rigid_align)
+                             distogram_loss, plddt_loss, rollout_confidence_sums, smooth_lddt_loss,
+                             weighted_rigid_align)
 from mini_of3.metrics import lddt_ca_per_token
 
 _spec = importlib.util.spec_from_file_location("model_structures", Path(__file__).parent / "model" / "structures.py")
@@ -100,6 +101,27 @@ def test_plddt_loss_targets_binned_per_token_lddt(crambin):
     assert float(plddt_loss(logits, sample, ca, mask)) == pytest.approx(float(expected), rel=1e-5)
     perfect = F.one_hot(target, 50).float() * 30
     assert float(plddt_loss(perfect, sample, ca, mask)) < 1e-6
+
+
+def test_rollout_confidence_sums_report_the_plddt_heads_target_and_prediction(crambin):
+    """Target: the mean per-token lDDT-Calpha of the rollout sample; prediction: the head's expected lDDT (bin
+    centres); both over the scored tokens, summed over structures, with the count of structures."""
+    ca, _, mask = crambin
+    sample = ca + torch.randn(ca.shape, generator=torch.Generator().manual_seed(0))
+    lddt, has_partner = lddt_ca_per_token(sample, ca, mask)
+    tokens = mask & has_partner
+    target = (lddt * 50).long().clamp(max=49)
+    sharp = F.one_hot(target, 50).float() * 60                  # the head puts all its mass in the target's bin
+    outputs = {"plddt_coords": sample, "plddt_logits": sharp}
+    batch = {"ca": ca, "token_mask": mask, "resolved": torch.ones_like(mask)}
+    sums = rollout_confidence_sums(outputs, batch)
+    assert sums.dtype == torch.float64 and sums.shape == (3,) and float(sums[2]) == 1
+    assert float(sums[0]) == pytest.approx(float(lddt[tokens].mean()), rel=1e-6)
+    centres = (target[tokens].double() + 0.5) / 50
+    assert float(sums[1]) == pytest.approx(float(centres.mean()), rel=1e-5)
+    assert abs(float(sums[1] - sums[0])) <= 0.5 / 50 + 1e-6     # within half a bin of the target
+    empty = {**batch, "resolved": torch.zeros_like(mask)}       # no scored token: nothing counted
+    assert rollout_confidence_sums(outputs, empty).tolist() == [0.0, 0.0, 0.0]
 
 
 def fake_outputs(ca, cb, seed=0, samples=2):

@@ -33,7 +33,8 @@ from mini_of3.training.checkpoint import list_checkpoints, read_state
 from .helpers import FSDP_ON_CPU, REPO, describe, launcher, log_rows, run_train, tiny_overrides
 
 TRAIN_VALUES = ("loss", "distogram", "diffusion", "smooth_lddt", "plddt", "grad_norm",
-                *(f"grad_norm/{name}" for name in MODULES))     # per module: sharded under FSDP2, then reduced
+                *(f"grad_norm/{name}" for name in MODULES),     # per module: sharded under FSDP2, then reduced
+                "rollout_lddt", "rollout_plddt")
 BY_SIGMA = tuple(f"diffusion/sigma{name}" for name in SIGMA_BIN_NAMES)     # None where no sample fell in the bin
 VAL_VALUES = ("lddt_ca", "rmsd", "tm_score", "distogram_accuracy", "mean_plddt", "loss", "distogram", "diffusion",
               "smooth_lddt", "plddt")

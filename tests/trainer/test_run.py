@@ -63,6 +63,7 @@ def test_log_rows_hold_gradient_norms_per_module_and_the_diffusion_loss_per_nois
         assert (norms >= 0).all() and float(norms.square().sum().sqrt()) == pytest.approx(row["grad_norm"], rel=1e-4)
         by_bin = [row[k] for k in bins if row[k] is not None]
         assert by_bin and all(v >= 0 for v in by_bin)
+        assert 0 <= row["rollout_lddt"] <= 1 and 0 < row["rollout_plddt"] < 1    # the pLDDT head's target, prediction
     assert any(row["grad_norm/pairformer"] > 0 for row in log_rows(reference_run))
     for row in log_rows(reference_run, "val"):
         assert [e["id"] for e in row["entries"]] == [small_data[1]]
