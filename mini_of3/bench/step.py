@@ -221,16 +221,46 @@ def _timed_items(events, cuda: bool):
             yield event.name, event.self_cpu_time_total, scopes
 
 
-def breakdown(arm: Arm, batch: dict) -> tuple[dict[str, float], list[list]]:
-    """Milliseconds of GPU time (CPU op self time on a CPU) per category in one profiled step, and the 15 kernels
-    that took longest (name, ms, category) to check the categories against."""
+_BLOCKING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+                   "cudaMemcpyAsync", "cudaStreamWaitEvent")
+_LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
+
+
+def host_side(events, wall_ms: float) -> dict:
+    """Where the host holds the step up, from one profiled step's CUDA runtime calls: the calls that wait for the
+    GPU (synchronisations, copies), grouped by the op that made them (count, ms), the 8 longest groups; the kernel
+    launches (count, ms in the launch calls); and the profiled step's wall time."""
+    waits: dict[tuple[str, str], list] = {}
+    launches, launch_us = 0, 0.0
+    for event in events:
+        name = event.name
+        if name in _LAUNCH_CALLS:
+            launches += 1
+            launch_us += event.time_range.elapsed_us()
+        elif name in _BLOCKING_CALLS:
+            parent = event.cpu_parent
+            while parent is not None and parent.cpu_parent is not None and not parent.name.startswith("aten::"):
+                parent = parent.cpu_parent
+            entry = waits.setdefault((name, parent.name if parent is not None else "-"), [0, 0.0])
+            entry[0] += 1
+            entry[1] += event.time_range.elapsed_us() / 1e3
+    top = sorted(([call, op, n, round(ms, 3)] for (call, op), (n, ms) in waits.items()), key=lambda x: -x[3])[:8]
+    return {"wall_ms": round(wall_ms, 3), "launches": launches, "launch_ms": round(launch_us / 1e3, 3),
+            "waits": top}
+
+
+def breakdown(arm: Arm, batch: dict) -> tuple[dict[str, float], list[list], dict]:
+    """Milliseconds of GPU time (CPU op self time on a CPU) per category in one profiled step, the 15 kernels that
+    took longest (name, ms, category) to check the categories against, and the host side (:func:`host_side`)."""
     cuda = arm.device.type == "cuda"
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     hooks = _scope_hooks(arm.model)
     try:
         with torch.profiler.profile(activities=activities) as prof:
+            start = time.perf_counter()
             arm.step(batch)
             synchronize(arm.device)
+            wall_ms = (time.perf_counter() - start) * 1e3
     finally:
         for h in hooks:
             h.remove()
@@ -242,7 +272,7 @@ def breakdown(arm: Arm, batch: dict) -> tuple[dict[str, float], list[list]]:
         entry = per_kernel.setdefault(name[:120], [0.0, category])
         entry[0] += us / 1e3
     top = sorted(([n, ms, c] for n, (ms, c) in per_kernel.items()), key=lambda x: -x[1])[:15]
-    return {k: round(v, 3) for k, v in totals.items()}, top
+    return {k: round(v, 3) for k, v in totals.items()}, top, host_side(prof.events(), wall_ms)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -281,7 +311,7 @@ def bench_crop(arms: list[Arm], batch: dict, crop: int, rounds: int, warmup: int
         # memory a step allocates above the weights and the optimizer state
         row["peak_mib"] = peak_mib(lambda: arm.step(batch)) if arm.device.type == "cuda" else None
         if profile:
-            row["breakdown_ms"], row["top_kernels"] = breakdown(arm, batch)
+            row["breakdown_ms"], row["top_kernels"], row["host"] = breakdown(arm, batch)
     for arm in arms:
         arm.release()
     return [rows[a.name] for a in arms]
@@ -370,6 +400,11 @@ def main(argv: list[str] | None = None) -> None:
     print_table([{**r, "step_ms": r.get("step_s", 0) * 1e3 or None} for r in rows],
                 [("impl", "arm", "s"), ("N", "N", "d"), ("step_ms", "step ms", ".1f"), ("peak_mib", "peak MiB", ".0f"),
                  ("loss0", "loss0", ".4f")])
+    for r in (r for r in rows if r.get("host")):
+        host, gpu = r["host"], sum(r["breakdown_ms"].values())
+        print(f"{r['impl']} at {r['N']}: profiled step {host['wall_ms']:.0f} ms wall, {gpu:.0f} ms GPU, "
+              f"{host['launches']} launches ({host['launch_ms']:.0f} ms); waits: "
+              + ", ".join(f"{call} in {op} x{n} {ms:.1f} ms" for call, op, n, ms in host["waits"][:4]))
     print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
 
 

@@ -25,6 +25,8 @@ def test_step_bench_writes_rows_with_every_field_and_a_plot(small_data, tmp_path
         assert row["step_s"] > 0 and row["loss0"] == pytest.approx(row["loss0"]) and row["loss0"] > 0
         assert set(row["breakdown_ms"]) == set(step.CATEGORIES) and row["breakdown_ms"]["GEMMs"] > 0
         assert "peak_mib" in row and row["top_kernels"]
+        host = row["host"]          # no CUDA runtime calls on the CPU: no launches, no waits
+        assert host["wall_ms"] > 0 and host["launches"] == 0 and host["waits"] == []
     assert "torch+torch" in capsys.readouterr().out
 
 
