@@ -16,3 +16,11 @@ cp $run/log.jsonl $run/config.yaml "$OUT/" 2>/dev/null; cp $run/*.png "$OUT/" 2>
 python3 -m mini_of3.bench runs "$OUT" --names "$(basename "$config" .yaml)" \
   --command "bash benchmarks/device_train.sh $config $steps $*" --out "$OUT/train_summary.json" --plot "$OUT/run.png"
 tail -5 "$OUT/train.log"
+# MINI_OF3_SCORE_MAX_TOKENS=384: then score the run's checkpoint on every entry of .device/mmcif (cp
+# ../shared/data/mmcif/*.cif.gz there) of at most that many tokens, less MINI_OF3_SCORE_EXCLUDE (the validation ids)
+if [ -n "${MINI_OF3_SCORE_MAX_TOKENS:-}" ]; then
+  timeout "${SCORE_TIMEOUT:-150}" python3 -m mini_of3.bench score $run --mmcif .device/mmcif \
+    --max-tokens "$MINI_OF3_SCORE_MAX_TOKENS" --exclude "${MINI_OF3_SCORE_EXCLUDE:-}" --samples 3 --out "$OUT" \
+    --tag "$(basename "$config" .yaml)" > "$OUT/score.log" 2>&1
+  tail -4 "$OUT/score.log"
+fi

@@ -112,13 +112,14 @@ def read_query(path: str | Path) -> Query:
     return fasta_query(path)
 
 
-def load_model(checkpoint: str | Path, device: torch.device) -> tuple[MiniOF3, Path, dict]:
-    """The model of a checkpoint (run folder: best, else latest) with its EMA weights, in eval mode.
+def load_model(checkpoint: str | Path, device: torch.device, prefer: str = "best") -> tuple[MiniOF3, Path, dict]:
+    """The model of a checkpoint (run folder: best, else latest; or its latest with ``prefer="latest"``) with its EMA
+    weights, in eval mode.
 
     Returns (model, checkpoint folder, trainer state)."""
     from safetensors.torch import load_file
 
-    folder = resolve_checkpoint(checkpoint, prefer="best")
+    folder = resolve_checkpoint(checkpoint, prefer=prefer)
     saved = yaml.safe_load((folder / "config.yaml").read_text()) or {}
     cfg: ModelConfig = section_from_dict("model", saved.get("model", {}))
     model = build_model(cfg)
@@ -185,33 +186,47 @@ def predict(checkpoint: str | Path, input_path: str | Path, out: str | Path | No
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model, folder, state = load_model(checkpoint, dev)
     query = read_query(input_path)
-    batch = to_batch(query.features, dev)
     recycles = model.cfg.n_recycles if recycles is None else recycles
     steps = model.cfg.sampling_steps if steps is None else steps
-    generator = torch.Generator(device=dev).manual_seed(seed)
-    with torch.no_grad():
-        result = model.sample(batch, n_recycles=recycles, steps=steps, samples=samples, generator=generator)
-    coords = result["coords"][0].float().cpu()                                 # [K, N, 3]
-    plddt = result["plddt"][0].float().cpu()                                   # [K, N]
-    order = torch.argsort(plddt.mean(-1), descending=True).tolist()
+    coords, plddt, rows = sample_ranked(model, query, dev, recycles=recycles, steps=steps, samples=samples, seed=seed)
     out = Path(out) if out is not None else folder.parent.parent / "predictions"     # <run>/predictions
     out.mkdir(parents=True, exist_ok=True)
     n_chains = len(query.chain_names)
     print(f"checkpoint {folder} (step {state.get('step')}, EMA weights); {query.name}: {n_chains} chain(s), "
           f"{len(query.features['restype'])} residues; {samples} samples, {steps} steps, {recycles} recycles")
+    for row in rows:
+        path = out / f"{query.name}_rank{row['rank']}.cif"
+        k = row["sample"]
+        write_mmcif(path, query.name, query.features, query.chain_names, coords[k].numpy(), plddt[k].numpy())
+        row["file"] = str(path)
+    print(format_table(rows))
+    return rows
+
+
+def sample_ranked(model: MiniOF3, query: Query, device: torch.device, *, recycles: int, steps: int, samples: int,
+                  seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
+    """Sample ``samples`` structures of ``query`` and rank them by mean pLDDT.
+
+    Returns coords [K, N, 3], plddt [K, N] (CPU, float32) and one row per sample, best first: rank, sample (index
+    into coords), plddt, and when the query holds the true structure its :func:`structure_metrics`.
+    """
+    batch = to_batch(query.features, device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        result = model.sample(batch, n_recycles=recycles, steps=steps, samples=samples, generator=generator)
+    coords = result["coords"][0].float().cpu()                                 # [K, N, 3]
+    plddt = result["plddt"][0].float().cpu()                                   # [K, N]
+    order = torch.argsort(plddt.mean(-1), descending=True).tolist()
     rows = []
     for rank, k in enumerate(order, 1):
-        path = out / f"{query.name}_rank{rank}.cif"
-        write_mmcif(path, query.name, query.features, query.chain_names, coords[k].numpy(), plddt[k].numpy())
-        row = {"rank": rank, "sample": k, "plddt": float(plddt[k].mean()), "file": str(path)}
+        row = {"rank": rank, "sample": k, "plddt": float(plddt[k].mean())}
         if query.has_truth:
             f = {key: torch.from_numpy(v) for key, v in query.features.items()}
             row.update(structure_metrics(coords[k], f["ca"], f["resolved"], f["asym_id"], f["entity_id"],
                                          f["sym_id"], distogram_logits=result["distogram_logits"][0].float().cpu(),
                                          true_cb=f["cb"]))
         rows.append(row)
-    print(format_table(rows))
-    return rows
+    return coords, plddt, rows
 
 
 def format_table(rows: list[dict]) -> str:

@@ -86,3 +86,30 @@ def test_predict_errors_are_one_line(reference_run, tmp_path, capsys):
     with pytest.raises(ValueError, match="characters '1' that are not residues"):
         bad.write_text(">x\nMKT1\n")
         read_fasta(bad)
+
+
+def test_bench_score_rates_whole_entries_with_the_top_sample_and_the_mirrored_share(reference_run, shared_mmcif,
+                                                                                   tmp_path, capsys):
+    """bench score: one row per entry of at most --max-tokens tokens, less --exclude; the top-pLDDT sample's scores
+    match predict's rank 1 for the same seed; mirrored_fraction is a share of the samples."""
+    from mini_of3.bench import score
+
+    ids = [i for i in ("1CRN", "5PTI", "1L2Y") if (shared_mmcif / f"{i}.cif.gz").is_file()]
+    if len(ids) < 2:
+        pytest.skip(f"fewer than two of 1CRN, 5PTI, 1L2Y in {shared_mmcif}")
+    score.main([str(reference_run), "--mmcif", str(shared_mmcif), "--ids", ",".join(ids), "--exclude", ids[-1],
+                "--samples", "3", "--steps", "3", "--device", "cpu", "--out", str(tmp_path), "--tag", "t"])
+    result = __import__("json").loads((tmp_path / "score_t.json").read_text())
+    assert result["bench"] == "score" and result["samples"] == 3 and result["steps"] == 3
+    assert [r["entry"] for r in result["rows"]] == ids[:-1]
+    for row in result["rows"]:
+        assert 0 <= row["lddt_ca"] <= 1 and 0 <= row["tm_score"] <= 1 and 0 <= row["tm_score_mirror"] <= 1
+        assert row["mirrored_fraction"] in (0, 1 / 3, 2 / 3, 1)
+    first = predict(reference_run, shared_mmcif / f"{ids[0]}.cif.gz", tmp_path / "pred", samples=3, steps=3,
+                    device="cpu")[0]
+    assert result["rows"][0]["lddt_ca"] == pytest.approx(first["lddt_ca"])
+    assert result["means"]["lddt_ca"] == pytest.approx(sum(r["lddt_ca"] for r in result["rows"]) / len(ids[:-1]))
+    assert "mean" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no entry to score"):
+        score.main([str(reference_run), "--mmcif", str(shared_mmcif), "--ids", ids[0], "--max-tokens", "1",
+                    "--device", "cpu", "--out", str(tmp_path)])
