@@ -34,6 +34,8 @@ class DataConfig:
     train_ids: list[str] = field(default_factory=list)  # when set, train on these entries only; one named here and in
                                              # val_ids is trained on too, on purpose (a fit check: bench fit)
     val_after: str | None = None             # else: entries released after this date (YYYY-MM-DD) validate
+    train_eval_ids: list[str] = field(default_factory=list)  # training entries also scored at every validation,
+                                             # as the validation entries are (logged as split "train_eval")
     val_identity_cut: float | None = 0.4     # training entries with a chain more identical than this to a validation
                                              # chain are left out (AF3, OpenFold3: 0.4); None: split by entry id only
     crop_size: int = 256
@@ -245,6 +247,9 @@ def _validate(cfg: Config) -> None:
            "data.crop_weights", d.crop_weights, "three non-negative numbers, not all zero")
     _check(d.val_identity_cut is None or 0.0 <= d.val_identity_cut <= 1.0, "data.val_identity_cut",
            d.val_identity_cut, "a fraction in [0, 1] or null")
+    shared = sorted({v.upper() for v in d.val_ids} & {t.upper() for t in d.train_eval_ids})
+    _check(not shared, "data.train_eval_ids", d.train_eval_ids,
+           f"training entries, none of data.val_ids (both name {', '.join(shared)})")
     both = sorted({v.upper() for v in d.val_ids} & {t.upper() for t in d.train_ids})
     _check(not both or d.val_identity_cut is None, "data.val_identity_cut", d.val_identity_cut,
            f"null when data.train_ids and data.val_ids share entries ({', '.join(both)}): training on the validation "

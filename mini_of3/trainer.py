@@ -432,20 +432,37 @@ class Trainer:
 
     def _validate(self) -> dict | None:
         """Validate the EMA weights on this rank's validation entries, reduce across ranks, log, plot; returns the
-        metrics (None when no entry validates). Every rank runs the same number of batches (padded shards)."""
+        metrics (None when no entry validates). Every rank runs the same number of batches (padded shards). The
+        entries of ``data.train_eval_ids`` are scored the same way after, logged as split ``train_eval``."""
         if self.loaders.val is None:
             if self.step == 0:
                 self.say("no validation entries (data.val_ids / data.val_after): validation is skipped")
-            return None
+            metrics = None
+        else:
+            metrics = self._evaluate(self.loaders.val, self.loaders.val_real, "val")
+            self.first_val = self.first_val or {"step": self.step, **metrics}
+            self.last_val = {"step": self.step, **metrics}
+            lddt = metrics["lddt_ca"]
+            if lddt is not None and (self.best is None or lddt > self.best["lddt_ca"]):
+                self.best = {"step": self.step, "lddt_ca": lddt}
+        if self.loaders.train_eval is not None:
+            self._evaluate(self.loaders.train_eval, self.loaders.train_eval_real, "train_eval")
+        if self.main and (metrics is not None or self.loaders.train_eval is not None):
+            plot_run(self.log.rows, self.out, title=self.out.name)
+        return metrics
+
+    def _evaluate(self, loader, real: int, split: str) -> dict:
+        """Sample and score the EMA weights on one evaluation loader's entries (all ranks), log the reduced metrics
+        and each entry's scores as a row of ``split``, print them; returns the metrics."""
         cfg, started = self.cfg, time.perf_counter()
         devices = [self.acc.device] if self.acc.device.type == "cuda" else []
         self.plain.eval()
         with self.ema.swapped(), torch.random.fork_rng(devices=devices):
             sums, entries = validation_sums(
-                self.plain, (self._to_device(b) for b in self.loaders.val), loss_cfg=cfg.loss,
+                self.plain, (self._to_device(b) for b in loader), loss_cfg=cfg.loss,
                 n_recycles=cfg.model.n_recycles, steps=cfg.trainer.val_sampling_steps or cfg.model.sampling_steps,
                 samples=cfg.trainer.val_samples, generator_for=lambda i: self._generator(1, 0, self._slot(i)),
-                autocast=self.acc.autocast, beat=self.watchdog.beat, real=self.loaders.val_real)
+                autocast=self.acc.autocast, beat=self.watchdog.beat, real=real)
         self.plain.train()
         if self.acc.device.type == "cuda":    # training rows report the peak of training, not of validation's crops
             torch.cuda.reset_peak_memory_stats(self.acc.device)
@@ -453,23 +470,17 @@ class Trainer:
         if self.world > 1:
             entries = gather_object(entries)
         entries = [{k: json_safe(v) for k, v in e.items()} for e in entries]
-        self.log.write({"step": self.step, "split": "val", **metrics, "val_s": time.perf_counter() - started,
+        self.log.write({"step": self.step, "split": split, **metrics, "val_s": time.perf_counter() - started,
                         "entries": entries})
-        self.first_val = self.first_val or {"step": self.step, **metrics}
-        self.last_val = {"step": self.step, **metrics}
-        lddt = metrics["lddt_ca"]
-        if lddt is not None and (self.best is None or lddt > self.best["lddt_ca"]):
-            self.best = {"step": self.step, "lddt_ca": lddt}
 
         def show(key, fmt):
             return "nan" if metrics[key] is None else format(metrics[key], fmt)
 
-        self.say(f"step {self.step} validation: lDDT-Ca {show('lddt_ca', '.3f')}  TM {show('tm_score', '.3f')}  "
+        name = "validation" if split == "val" else "training entries"
+        self.say(f"step {self.step} {name}: lDDT-Ca {show('lddt_ca', '.3f')}  TM {show('tm_score', '.3f')}  "
                  f"RMSD {show('rmsd', '.2f')} A  contacts {show('contact_precision', '.3f')}  "
                  f"distogram acc {show('distogram_accuracy', '.3f')}  pLDDT {show('mean_plddt', '.1f')}  "
                  f"loss {show('loss', '.3f')}  ({time.perf_counter() - started:.1f} s)")
-        if self.main:
-            plot_run(self.log.rows, self.out, title=self.out.name)
         return metrics
 
     def _save(self, val: dict | None = None) -> Path:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 import warnings
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Literal, Sequence
 
@@ -271,12 +271,14 @@ class DataLoaders:
     val: DataLoader | None
     train_sampler: EpochSampler
     val_real: int = 0           # how many leading batches of ``val`` hold this rank's entries (the rest are padding)
+    train_eval: DataLoader | None = None    # data.train_eval_ids, batched as ``val`` (validation crop, padded shards)
+    train_eval_real: int = 0
 
     def close(self) -> None:
         """Stop the worker processes of both loaders (their persistent iterators are dropped; a later ``iter``
         starts new workers). Workers ignore SIGINT and SIGTERM (:func:`_worker_init`), so they end only when told:
         multiprocessing's exit handler would otherwise SIGTERM them and wait forever."""
-        for loader in (self.train, self.val):
+        for loader in (self.train, self.val, self.train_eval):
             iterator = getattr(loader, "_iterator", None)   # DataLoader keeps its persistent workers' iterator here
             if iterator is not None and hasattr(iterator, "_shutdown_workers"):
                 iterator._shutdown_workers()
@@ -334,10 +336,40 @@ def build_dataloaders(cfg: DataConfig, prepared: str | Path, seed: int, rank: in
                          + (f" ({len(train.removed)} removed as homologues of validation chains)" if train.removed
                             else ""))
     sampler = EpochSampler(train.weights(), seed, num_samples=cfg.samples_per_epoch, rank=rank, world_size=world_size)
-    val_set = ProteinDataset(prepared, cfg, "val", seed)
-    val, val_real = None, 0
-    if len(val_set):
-        batches, val_real = validation_batches(len(val_set), cfg.batch_size, rank, world_size)
-        val = make_loader(val_set, None, cfg.batch_size, min(cfg.num_workers, 1), batch_sampler=batches)
+    val, val_real = _evaluation_loader(ProteinDataset(prepared, cfg, "val", seed), cfg, rank, world_size)
+    train_eval, train_eval_real = None, 0
+    if cfg.train_eval_ids:
+        train_eval, train_eval_real = _evaluation_loader(training_evaluation_set(prepared, cfg, train, seed), cfg,
+                                                         rank, world_size)
     return DataLoaders(train=make_loader(train, sampler, cfg.batch_size, cfg.num_workers), val=val,
-                       train_sampler=sampler, val_real=val_real)
+                       train_sampler=sampler, val_real=val_real, train_eval=train_eval,
+                       train_eval_real=train_eval_real)
+
+
+def _evaluation_loader(dataset: ProteinDataset, cfg: DataConfig, rank: int, world_size: int
+                       ) -> tuple[DataLoader | None, int]:
+    """A validation-style loader (:func:`validation_batches`) over ``dataset`` and its count of real batches; None
+    for an empty dataset."""
+    if not len(dataset):
+        return None, 0
+    batches, real = validation_batches(len(dataset), cfg.batch_size, rank, world_size)
+    return make_loader(dataset, None, cfg.batch_size, min(cfg.num_workers, 1), batch_sampler=batches), real
+
+
+def training_evaluation_set(prepared: str | Path, cfg: DataConfig, train: ProteinDataset, seed: int
+                            ) -> ProteinDataset:
+    """The entries of ``cfg.train_eval_ids`` as validation examples (the validation crop, epoch 0); each must be an
+    entry ``train`` trains on, else ValueError naming it and why it is not."""
+    named = replace(cfg, val_ids=list(cfg.train_eval_ids), train_ids=[], val_after=None, val_identity_cut=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # a missing one is an error below, not a warning
+        dataset = ProteinDataset(prepared, named, "val", seed)
+    trained = {r.id.upper() for r in train.rows} | {r.pdb_id.upper() for r in train.rows}
+    removed = {h.train.entry.upper() for h in train.removed}
+    found = {r.id.upper() for r in dataset.rows} | {r.pdb_id.upper() for r in dataset.rows}
+    for entry in cfg.train_eval_ids:
+        if entry.upper() not in trained or entry.upper() not in found:
+            why = ("left out of training as a homologue of a validation chain" if entry.upper() in removed else
+                   "not a training entry (a validation entry, filtered out, or not in the prepared folder)")
+            raise ValueError(f"data.train_eval_ids: {entry} is {why}")
+    return dataset

@@ -63,6 +63,9 @@ def plot_validation(rows: list[dict], path: str | Path, title: str = "") -> Path
         s, v = _series(val, key)
         if v:
             ax_scores.plot(s, v, "o-", color=f"C{i}", label=key)
+    s, v = _series([r for r in rows if r.get("split") == "train_eval"], "lddt_ca")    # data.train_eval_ids
+    if v:
+        ax_scores.plot(s, v, "s--", color="C0", alpha=0.6, label="lddt_ca, training entries")
     ax_scores.set(xlabel="step", ylabel="score", ylim=(0, 1), title=title or "validation (EMA weights)")
 
     s, v = _series(val, "rmsd")

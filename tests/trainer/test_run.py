@@ -183,3 +183,27 @@ def test_compile_on_the_cpu_trains_like_eager(reference_run, small_data, tmp_pat
     assert result.step == 6
     got, want = [r["loss"] for r in log_rows(out)], [r["loss"] for r in log_rows(reference_run)]
     assert got == pytest.approx(want, rel=1e-4)
+
+
+def test_training_entries_named_in_train_eval_ids_are_scored_at_every_validation(small_data, tmp_path, capsys):
+    """data.train_eval_ids: the named training entry is sampled and scored at each validation like a validation
+    entry, logged as split train_eval; a validation entry or an unknown one there is a clear error."""
+    from mini_of3.config import ConfigError
+    from mini_of3.data.dataset import build_dataloaders
+
+    prepared, val_id = small_data
+    train_id = next(r.split("\t")[0] for r in (prepared / "manifest.tsv").read_text().splitlines()[1:]
+                    if r.split("\t")[0].upper() != val_id.upper())
+    out = tmp_path / "train_eval"
+    result = train(tiny_config(small_data, out, trainer__max_steps=3, data__train_eval_ids=f"[{train_id}]"))
+    assert result.step == 3
+    rows = log_rows(out, "train_eval")
+    assert [r["step"] for r in rows] == [r["step"] for r in log_rows(out, "val")] == [0, 3]
+    for row in rows:
+        assert [e["id"] for e in row["entries"]] == [train_id] and 0 <= row["lddt_ca"] <= 1
+    assert "step 3 training entries: lDDT-Ca" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="train_eval_ids"):
+        tiny_config(small_data, out, data__train_eval_ids=f"[{val_id}]")
+    cfg = tiny_config(small_data, out, data__train_eval_ids="[9ZZZ]")
+    with pytest.raises(ValueError, match="train_eval_ids: 9ZZZ is not a training entry"):
+        build_dataloaders(cfg.data, prepared, cfg.seed)
