@@ -106,10 +106,13 @@ class Arm:
         self.model.train()
         torch.manual_seed(self.cfg.seed)
         generator = torch.Generator(self.device).manual_seed(self.cfg.seed)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cuda):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cuda), \
+                torch.profiler.record_function("bench::forward"):
             out = self.model(batch, n_recycles=0, generator=generator)
-        loss, _ = compute_losses(out, batch, self.cfg.loss)
-        loss.backward()
+        with torch.profiler.record_function("bench::losses"):
+            loss, _ = compute_losses(out, batch, self.cfg.loss)
+        with torch.profiler.record_function("bench::backward"):
+            loss.backward()
         with torch.profiler.record_function("optimizer"):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -226,10 +229,69 @@ _BLOCKING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventS
 _LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
 
 
-def host_side(events, wall_ms: float) -> dict:
+PHASES = ("bench::forward", "bench::diffusion_module", "bench::plddt_rollout", "bench::losses", "bench::backward",
+          "optimizer")     # the step's ranges that GPU idle time is attributed to (forward alone: embedder and trunk)
+
+
+def gpu_idle_by_phase(kernels: list[tuple[int, int, int]], phases: list[tuple[int, int, str]]) -> dict[str, float]:
+    """Milliseconds the GPU sat idle, by the phase of the step whose host code launched the work that ended the gap.
+
+    kernels: (start_ns, end_ns, launch_ns) of every GPU activity (kernels, copies, memsets), launch_ns the host time
+    of its launch call; phases: (start_ns, end_ns, name) host ranges, nested or not (the innermost that holds the
+    launch counts). A gap the host fills late shows under the phase that was launching: a host-bound phase (many
+    small launches, or a synchronisation before it) collects the idle time. The time from the first phase's start
+    to the first activity counts too. Keys: the phase names (``-`` outside every phase), in ms.
+    """
+    idle: dict[str, float] = {}
+    if not kernels:
+        return idle
+
+    def phase_at(t: int) -> str:
+        holding = [(end - start, name) for start, end, name in phases if start <= t <= end]
+        return min(holding)[1] if holding else "-"
+
+    kernels = sorted(kernels)
+    busy_until = min([kernels[0][0], *(start for start, _, _ in phases)])
+    for start, end, launch in kernels:
+        if start > busy_until:
+            name = phase_at(launch)
+            idle[name] = idle.get(name, 0.0) + (start - busy_until) / 1e6
+        busy_until = max(busy_until, end)
+    return {name: round(ms, 3) for name, ms in sorted(idle.items(), key=lambda kv: -kv[1])}
+
+
+def _timeline(prof) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, str]], float]:
+    """(GPU activities as (start, end, launch) ns, the PHASES ranges as (start, end, name) ns, GPU busy ms) of a
+    profile, from its Kineto events (a GPU activity's correlation id is that of the runtime call that launched it)."""
+    events = prof.profiler.kineto_results.events()
+    launch_ns, gpu, phases = {}, [], []
+    for e in events:
+        if e.device_type() == torch.autograd.DeviceType.CPU:
+            if e.name() in PHASES:
+                phases.append((e.start_ns(), e.end_ns(), e.name()))
+            elif e.name().startswith("cuda") or e.name().startswith("cu"):
+                launch_ns[e.correlation_id()] = e.start_ns()
+        else:
+            gpu.append(e)
+    kernels = [(e.start_ns(), e.end_ns(), launch_ns.get(e.correlation_id(), launch_ns.get(e.linked_correlation_id(),
+                                                                                       e.start_ns())))
+               for e in gpu]
+    busy, until = 0, None
+    for start, end, _ in sorted(kernels):
+        if until is None or start > until:
+            busy += end - start
+            until = end
+        elif end > until:
+            busy += end - until
+            until = end
+    return kernels, phases, busy / 1e6
+
+
+def host_side(events, wall_ms: float, prof=None) -> dict:
     """Where the host holds the step up, from one profiled step's CUDA runtime calls: the calls that wait for the
     GPU (synchronisations, copies), grouped by the op that made them (count, ms), the 8 longest groups; the kernel
-    launches (count, ms in the launch calls); and the profiled step's wall time."""
+    launches (count, ms in the launch calls); the profiled step's wall time; and, given the profile (on a GPU), the
+    GPU's busy time and its idle time by the phase whose launches ended each gap (:func:`gpu_idle_by_phase`)."""
     waits: dict[tuple[str, str], list] = {}
     launches, launch_us = 0, 0.0
     for event in events:
@@ -245,8 +307,14 @@ def host_side(events, wall_ms: float) -> dict:
             entry[0] += 1
             entry[1] += event.time_range.elapsed_us() / 1e3
     top = sorted(([call, op, n, round(ms, 3)] for (call, op), (n, ms) in waits.items()), key=lambda x: -x[3])[:8]
-    return {"wall_ms": round(wall_ms, 3), "launches": launches, "launch_ms": round(launch_us / 1e3, 3),
-            "waits": top}
+    result = {"wall_ms": round(wall_ms, 3), "launches": launches, "launch_ms": round(launch_us / 1e3, 3),
+              "waits": top}
+    if prof is not None:
+        kernels, phases, busy_ms = _timeline(prof)
+        if kernels:
+            result["gpu_busy_ms"] = round(busy_ms, 3)
+            result["gpu_idle_ms"] = gpu_idle_by_phase(kernels, phases)
+    return result
 
 
 def breakdown(arm: Arm, batch: dict) -> tuple[dict[str, float], list[list], dict]:
@@ -272,7 +340,7 @@ def breakdown(arm: Arm, batch: dict) -> tuple[dict[str, float], list[list], dict
         entry = per_kernel.setdefault(name[:120], [0.0, category])
         entry[0] += us / 1e3
     top = sorted(([n, ms, c] for n, (ms, c) in per_kernel.items()), key=lambda x: -x[1])[:15]
-    return {k: round(v, 3) for k, v in totals.items()}, top, host_side(prof.events(), wall_ms)
+    return {k: round(v, 3) for k, v in totals.items()}, top, host_side(prof.events(), wall_ms, prof if cuda else None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -405,6 +473,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{r['impl']} at {r['N']}: profiled step {host['wall_ms']:.0f} ms wall, {gpu:.0f} ms GPU, "
               f"{host['launches']} launches ({host['launch_ms']:.0f} ms); waits: "
               + ", ".join(f"{call} in {op} x{n} {ms:.1f} ms" for call, op, n, ms in host["waits"][:4]))
+        if "gpu_idle_ms" in host:
+            print(f"    GPU busy {host['gpu_busy_ms']:.0f} ms; idle by phase: "
+                  + ", ".join(f"{name.removeprefix('bench::')} {ms:.1f}" for name, ms in host["gpu_idle_ms"].items()))
     print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
 
 

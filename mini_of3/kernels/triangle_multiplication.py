@@ -24,6 +24,10 @@ all gradients repeat bitwise for a given device.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from dataclasses import dataclass, replace
+
 import torch
 import triton
 
@@ -103,13 +107,57 @@ def _resolve_backend(backend: str, z: torch.Tensor, hidden: int) -> str:
 # tiles and launchers
 
 
-def _tiles(C: int, hidden: int) -> dict:
-    """Fixed tiles: BLOCK_M pairs per projection program (chunks of BLOCK_HC hidden channels), BLOCK_P pairs per
-    output program. Small under the interpreter, so that the tests' small N span several tiles and chunks."""
+@dataclass(frozen=True, kw_only=True)
+class TriMulTiles:
+    """Launch tiles of the four Triton kernels, in launch order: pairs per program (``*_m``, ``*_p``), hidden
+    channels per chunk of the projection kernels (``*_hc``), warps and pipeline stages per program."""
+    proj_fwd_m: int = 64
+    proj_fwd_hc: int = 64
+    proj_fwd_warps: int = 8
+    proj_fwd_stages: int = 3
+    out_fwd_p: int = 64
+    out_fwd_warps: int = 4
+    out_bwd_p: int = 64
+    out_bwd_warps: int = 4
+    proj_bwd_m: int = 64
+    proj_bwd_hc: int = 64
+    proj_bwd_warps: int = 8
+    proj_bwd_stages: int = 3
+
+
+_tile_override: dict = {}    # a process-wide setting, not a context variable: the backward runs on autograd's thread
+
+
+@contextlib.contextmanager
+def tri_mul_tiles(**fields):
+    """``with tri_mul_tiles(proj_fwd_m=128, ...)``: these tiles (any TriMulTiles field) instead of the defaults, for
+    every call in the process meanwhile, backward included (benchmarks/tune_tri_mul.py sweeps them)."""
+    unknown = set(fields) - {f.name for f in dataclasses.fields(TriMulTiles)}
+    if unknown:
+        raise ValueError(f"tri_mul_tiles: unknown fields {sorted(unknown)}")
+    saved = dict(_tile_override)
+    _tile_override.update(fields)
+    try:
+        yield
+    finally:
+        _tile_override.clear()
+        _tile_override.update(saved)
+
+
+def _tiles(C: int, hidden: int) -> TriMulTiles:
+    """The tiles of one call: small under the interpreter, so that the tests' small N span several tiles and chunks;
+    else the fixed defaults (fewer pairs per output program for a wide hidden dim, whose [pairs, h] tile is held
+    whole), with any ``tri_mul_tiles`` override on top."""
     if interpreting():
-        return dict(block_m=32, block_hc=16, block_p=32, warps_proj=4, warps_out=4)
-    return dict(block_m=64, block_hc=64 if hidden >= 64 else 32, block_p=64 if hidden <= 128 else 32, warps_proj=8,
-                warps_out=4)
+        tiles = TriMulTiles(proj_fwd_m=32, proj_fwd_hc=16, proj_fwd_warps=4, proj_fwd_stages=1, out_fwd_p=32,
+                            out_bwd_p=32, proj_bwd_m=32, proj_bwd_hc=16, proj_bwd_warps=4, proj_bwd_stages=1)
+    elif hidden > 128:
+        tiles = TriMulTiles(out_fwd_p=32, out_bwd_p=32)
+    else:
+        tiles = TriMulTiles()
+    tiles = replace(tiles, **_tile_override)
+    hc = _pow2(hidden)
+    return replace(tiles, proj_fwd_hc=min(tiles.proj_fwd_hc, hc), proj_bwd_hc=min(tiles.proj_bwd_hc, hc))
 
 
 def _pow2(n: int) -> int:
@@ -129,19 +177,20 @@ def forward(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_
     gpre = _new((B, N, N, C), cdt, dev)
     stats_in = _new((2, B, NN), torch.float32, dev)
     m_arg, m_strides = (mask, mask.stride()) if mask is not None else (z, (0, 0, 0))
-    K._tri_mul_proj_fwd[(triton.cdiv(NN, tiles["block_m"]), B)](
+    K._tri_mul_proj_fwd[(triton.cdiv(NN, tiles.proj_fwd_m), B)](
         z, m_arg, ln_in_w.float().contiguous(), ln_in_b.float().contiguous(), w_p, w_g, w_go, ab, gpre,
         stats_in[0], stats_in[1], *z.stride(), *m_strides, N, NN, B * h * NN, eps,
-        C=C, H=h, HAS_MASK=mask is not None, DOT_PREC=_dot_precision(cdt), BLOCK_M=tiles["block_m"],
-        BLOCK_C=_pow2(C), BLOCK_HC=min(tiles["block_hc"], _pow2(h)), num_warps=tiles["warps_proj"])
+        C=C, H=h, HAS_MASK=mask is not None, DOT_PREC=_dot_precision(cdt), BLOCK_M=tiles.proj_fwd_m,
+        BLOCK_C=_pow2(C), BLOCK_HC=tiles.proj_fwd_hc, num_warps=tiles.proj_fwd_warps,
+        num_stages=tiles.proj_fwd_stages)
     a, b = ab[0], ab[1]                                                   # [B * h, N, N] each
     t = torch.matmul(a, b.mT) if outgoing else torch.matmul(a.mT, b)     # [B * h, N(i), N(j)]
     out = _new((B, N, N, C), out_dtype, dev)
     stats_out = _new((2, B, NN), torch.float32, dev)
-    K._tri_mul_out_fwd[(triton.cdiv(NN, tiles["block_p"]), B)](
+    K._tri_mul_out_fwd[(triton.cdiv(NN, tiles.out_fwd_p), B)](
         t, ln_out_w.float().contiguous(), ln_out_b.float().contiguous(), w_po, gpre, out, stats_out[0], stats_out[1],
-        NN, eps, C=C, H=h, DOT_PREC=_dot_precision(cdt), BLOCK_P=tiles["block_p"], BLOCK_C=_pow2(C),
-        BLOCK_H=_pow2(h), num_warps=tiles["warps_out"])
+        NN, eps, C=C, H=h, DOT_PREC=_dot_precision(cdt), BLOCK_P=tiles.out_fwd_p, BLOCK_C=_pow2(C),
+        BLOCK_H=_pow2(h), num_warps=tiles.out_fwd_warps)
     return out, ab, t, gpre, stats_in, stats_out
 
 
@@ -164,12 +213,12 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
     ta = _new((B, h, NN), cdt, dev)
     dy = _new((B, NN, C), cdt, dev)
     dgpre = _new((B, N, N, C), cdt, dev)
-    grid_p = (triton.cdiv(NN, tiles["block_p"]), B)
+    grid_p = (triton.cdiv(NN, tiles.out_bwd_p), B)
     part_out = _new((grid_p[0] * B, 2, _pow2(h)), torch.float32, dev)
     K._tri_mul_out_bwd[grid_p](
         t, ln_out_w.float().contiguous(), ln_out_b.float().contiguous(), w_po, gpre, dout, stats_out[0], stats_out[1],
-        dt, ta, dy, dgpre, part_out, *dout.stride(), N, NN, C=C, H=h, DOT_PREC=prec, BLOCK_P=tiles["block_p"],
-        BLOCK_C=_pow2(C), BLOCK_H=_pow2(h), num_warps=tiles["warps_out"])
+        dt, ta, dy, dgpre, part_out, *dout.stride(), N, NN, C=C, H=h, DOT_PREC=prec, BLOCK_P=tiles.out_bwd_p,
+        BLOCK_C=_pow2(C), BLOCK_H=_pow2(h), num_warps=tiles.out_bwd_warps)
     d_ln_out = part_out.sum(0)[:, :h]                                            # [2, h]
     d_p_out = _batch_sum(torch.matmul(dy.mT, ta.mT), p_out.dtype)                # [B, C, h] -> [C, h]
     del dy, ta
@@ -189,14 +238,14 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
     dz = _new(z.shape, z.dtype, dev)
     dpg = _new((B, 4 * h, NN), cdt, dev)
     x = _new((B, NN, C), cdt, dev)
-    grid_m = (triton.cdiv(NN, tiles["block_m"]), B)
+    grid_m = (triton.cdiv(NN, tiles.proj_bwd_m), B)
     part_in = _new((grid_m[0] * B, 2, _pow2(C)), torch.float32, dev)
     m_arg, m_strides = (mask, mask.stride()) if mask is not None else (z, (0, 0, 0))
     K._tri_mul_proj_bwd[grid_m](
         z, m_arg, ln_in_w.float().contiguous(), ln_in_b.float().contiguous(), w_p, w_g, w_go, dab, dgpre,
         stats_in[0], stats_in[1], dz, dpg, x, part_in, *z.stride(), *m_strides, N, NN, B * h * NN,
-        C=C, H=h, HAS_MASK=mask is not None, DOT_PREC=prec, BLOCK_M=tiles["block_m"], BLOCK_C=_pow2(C),
-        BLOCK_HC=min(tiles["block_hc"], _pow2(h)), num_warps=tiles["warps_proj"])
+        C=C, H=h, HAS_MASK=mask is not None, DOT_PREC=prec, BLOCK_M=tiles.proj_bwd_m, BLOCK_C=_pow2(C),
+        BLOCK_HC=tiles.proj_bwd_hc, num_warps=tiles.proj_bwd_warps, num_stages=tiles.proj_bwd_stages)
     d_ln_in = part_in.sum(0)[:, :C]                                              # [2, C]
     d_pg = _batch_sum(torch.matmul(dpg, x), torch.float32)                      # [4 h, C]
     d_g_out = _batch_sum(torch.matmul(dgpre.view(B, NN, C).mT, x), g_out.dtype)  # [C, C]

@@ -125,6 +125,20 @@ def test_matches_float64_reference_gpu_sizes(B, N, C, h, direction, z_dtype, aut
     check_case(B, N, C, h, direction, z_dtype, autocast, mask)
 
 
+@pytest.mark.parametrize("tiles", [
+    dict(proj_fwd_m=16, proj_fwd_hc=32, out_fwd_p=64, out_bwd_p=16, proj_bwd_m=64, proj_bwd_hc=32),
+    dict(proj_fwd_m=64, proj_fwd_hc=16, proj_fwd_warps=8, out_fwd_p=16, out_fwd_warps=8, proj_bwd_m=16),
+])
+def test_other_tiles_compute_the_same_function(tiles):
+    """Any tiles (benchmarks/tune_tri_mul.py sweeps them) meet the float64 reference: N = 19 spans one to two
+    programs and h = 32 one or two hidden-channel chunks, with masks."""
+    from mini_of3.kernels.triangle_multiplication import tri_mul_tiles
+    with tri_mul_tiles(**tiles):
+        check_case(1, 19, 16, 32, "incoming", torch.float32, torch.bfloat16, "bool")
+    with pytest.raises(ValueError, match="unknown fields"), tri_mul_tiles(block_m=64):
+        pass
+
+
 @pytest.mark.parametrize("direction", ["outgoing", "incoming"])
 def test_bitwise_repeat(direction):
     """Two runs give identical bits: output, dz and every weight gradient (no atomics, fixed-order sums)."""

@@ -59,3 +59,19 @@ def test_bad_arguments_give_one_clear_line(argv, message):
     with pytest.raises(SystemExit) as exit_info:
         step.main(argv)
     assert message in str(exit_info.value) and "\n" not in str(exit_info.value)
+
+
+def test_gpu_idle_time_goes_to_the_phase_that_launched_the_work_after_each_gap():
+    ms = 1_000_000
+    phases = [(0, 100 * ms, "bench::forward"), (40 * ms, 70 * ms, "bench::plddt_rollout"),
+              (100 * ms, 160 * ms, "bench::backward")]
+    kernels = [(2 * ms, 30 * ms, 1 * ms),            # 2 ms idle before the first kernel: forward
+               (10 * ms, 35 * ms, 5 * ms),           # overlaps the first: no gap
+               (50 * ms, 52 * ms, 49 * ms),          # 15 ms gap, launched in the rollout (innermost range)
+               (55 * ms, 56 * ms, 54 * ms),          # 3 ms gap, rollout
+               (120 * ms, 150 * ms, 101 * ms),       # 64 ms gap, backward
+               (150 * ms, 151 * ms, 200 * ms)]       # back to back, launched outside every phase: no gap
+    idle = step.gpu_idle_by_phase(kernels, phases)
+    assert idle == {"bench::backward": 64.0, "bench::plddt_rollout": 18.0, "bench::forward": 2.0}
+    assert step.gpu_idle_by_phase([], phases) == {}
+    assert step.gpu_idle_by_phase([(5 * ms, 6 * ms, 300 * ms), (9 * ms, 10 * ms, 300 * ms)], []) == {"-": 3.0}
