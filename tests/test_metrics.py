@@ -216,3 +216,32 @@ def test_tm_score_sees_a_mirror_image_that_lddt_cannot():
     assert mirrored["tm_score"] < 0.5
     same = structure_metrics(true, true, mask, t["asym_id"], t["entity_id"], t["sym_id"])
     assert same["tm_score"] == pytest.approx(1.0) and same["tm_score_mirror"] < 0.5
+
+
+def _svd_rotation(h: torch.Tensor) -> torch.Tensor:
+    """Kabsch by SVD, with the reflection fix: the reference for metrics._rotation (float64)."""
+    u, _, vh = torch.linalg.svd(h)
+    d = torch.sign(torch.linalg.det(vh.transpose(-1, -2) @ u.transpose(-1, -2)))
+    flip = torch.ones_like(h[..., 0])
+    flip[..., 2] = d
+    return vh.transpose(-1, -2) @ (flip[..., None] * u.transpose(-1, -2))
+
+
+def test_sync_free_rotation_is_the_kabsch_optimum():
+    """Horn's quaternion rotation (no SVD, no host synchronisation) reaches the SVD's optimum of trace(R h) on any
+    covariance, reflections included, and is a proper rotation; h = 0 gives the identity."""
+    from mini_of3.metrics import _rotation
+    h = torch.randn(2000, 3, 3, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    h[:500] = h[:500] @ torch.diag(torch.tensor([1.0, 1.0, -1.0], dtype=torch.float64))   # det(h) < 0 cases too
+    ours, ref = _rotation(h), _svd_rotation(h)
+
+    def objective(r):
+        return (r @ h).diagonal(dim1=-2, dim2=-1).sum(-1)
+    scale = torch.linalg.svdvals(h).sum(-1)
+    assert ((objective(ref) - objective(ours)) / scale).abs().max() < 1e-12
+    assert (torch.linalg.det(ours) - 1).abs().max() < 1e-12
+    assert (ours @ ours.transpose(-1, -2) - torch.eye(3, dtype=torch.float64)).abs().max() < 1e-12
+    gap = torch.linalg.svdvals(h)
+    separated = (gap[:, 1] - gap[:, 2]) / gap[:, 0] > 1e-3        # a unique optimum: the rotations agree too
+    assert (ours[separated] - ref[separated]).abs().max() < 1e-6
+    assert torch.equal(_rotation(torch.zeros(3, 3, dtype=torch.float64)), torch.eye(3, dtype=torch.float64))

@@ -271,7 +271,7 @@ def _timeline(prof) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, st
                 phases.append((e.start_ns(), e.end_ns(), e.name()))
             elif e.name().startswith("cuda") or e.name().startswith("cu"):
                 launch_ns[e.correlation_id()] = e.start_ns()
-        else:
+        elif not e.is_user_annotation():       # kernels, copies, memsets; not the ranges' GPU-side spans
             gpu.append(e)
     kernels = [(e.start_ns(), e.end_ns(), launch_ns.get(e.correlation_id(), launch_ns.get(e.linked_correlation_id(),
                                                                                        e.start_ns())))

@@ -110,17 +110,19 @@ def _resolve_backend(backend: str, z: torch.Tensor, hidden: int) -> str:
 @dataclass(frozen=True, kw_only=True)
 class TriMulTiles:
     """Launch tiles of the four Triton kernels, in launch order: pairs per program (``*_m``, ``*_p``), hidden
-    channels per chunk of the projection kernels (``*_hc``), warps and pipeline stages per program."""
+    channels per chunk of the projection kernels (``*_hc``), warps and pipeline stages per program. The defaults
+    are the fastest of the sweep on the H200 (C = h = 128, bf16; ``benchmarks/tune_tri_mul.py``,
+    tune_tri_mul_9f4fc3f.json): forward + backward 3.97 ms at N = 768 (5.23 with the first tiles), 1.22 at 384."""
     proj_fwd_m: int = 64
-    proj_fwd_hc: int = 64
-    proj_fwd_warps: int = 8
+    proj_fwd_hc: int = 32
+    proj_fwd_warps: int = 4
     proj_fwd_stages: int = 3
     out_fwd_p: int = 64
     out_fwd_warps: int = 4
     out_bwd_p: int = 64
-    out_bwd_warps: int = 4
-    proj_bwd_m: int = 64
-    proj_bwd_hc: int = 64
+    out_bwd_warps: int = 8
+    proj_bwd_m: int = 128
+    proj_bwd_hc: int = 32
     proj_bwd_warps: int = 8
     proj_bwd_stages: int = 3
 
@@ -150,7 +152,8 @@ def _tiles(C: int, hidden: int) -> TriMulTiles:
     whole), with any ``tri_mul_tiles`` override on top."""
     if interpreting():
         tiles = TriMulTiles(proj_fwd_m=32, proj_fwd_hc=16, proj_fwd_warps=4, proj_fwd_stages=1, out_fwd_p=32,
-                            out_bwd_p=32, proj_bwd_m=32, proj_bwd_hc=16, proj_bwd_warps=4, proj_bwd_stages=1)
+                            out_bwd_p=32, out_bwd_warps=4, proj_bwd_m=32, proj_bwd_hc=16, proj_bwd_warps=4,
+                            proj_bwd_stages=1)
     elif hidden > 128:
         tiles = TriMulTiles(out_fwd_p=32, out_bwd_p=32)
     else:

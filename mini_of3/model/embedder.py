@@ -81,7 +81,10 @@ class InputEmbedder(nn.Module):
         """batch with restype, residue_index, asym_id, entity_id, sym_id [B, N] -> s_inputs [B, N, 21],
         s_init [B, N, c_s], z_init [B, N, N, c_z]."""
         restype = batch["restype"]
-        if restype.min() < 0 or restype.max() >= N_RESTYPES:
+        if restype.is_cuda:     # checked on the device: a host check would wait for the GPU at every step
+            torch._assert_async(((restype >= 0) & (restype < N_RESTYPES)).all(),
+                                f"restype must be in 0..{N_RESTYPES - 1}")
+        elif restype.min() < 0 or restype.max() >= N_RESTYPES:
             raise ValueError(f"restype must be in 0..{N_RESTYPES - 1}, got values in "
                              f"{int(restype.min())}..{int(restype.max())}")
         s_inputs = F.one_hot(restype, N_RESTYPES).to(self.linear_s.weight.dtype)
