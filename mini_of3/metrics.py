@@ -41,9 +41,8 @@ def _rotation(h: torch.Tensor, squarings: int = 32) -> torch.Tensor:
     ], dim=-1).view(*h.shape[:-2], 4, 4)
     shift = 3 ** 0.5 * h.flatten(-2).norm(dim=-1) + 1e-30                       # [...]
     eye = torch.eye(4, dtype=h.dtype, device=h.device)
-    tie = torch.zeros(4, dtype=h.dtype, device=h.device)
-    tie[0] = 1e-12                                                              # ties (h = 0) go to the identity
-    a = n + shift[..., None, None] * (eye + torch.diag(tie))                    # [..., 4, 4], PSD
+    eye = eye + 1e-12 * eye[:, :1] * eye[:1, :]          # ties (h = 0) go to the identity; no host-to-device copy
+    a = n + shift[..., None, None] * eye                                        # [..., 4, 4], PSD
     for _ in range(squarings):
         a = a / a.flatten(-2).norm(dim=-1)[..., None, None]
         a = a @ a

@@ -170,7 +170,8 @@ class Trainer:
 
     def _compile(self, model: torch.nn.Module) -> torch.nn.Module:
         """Compile the model's repeated blocks (:func:`mini_of3.model.compiled.compile_blocks`: one graph for all
-        Pairformer blocks, one for the diffusion transformer's) and run one forward and backward on a real example;
+        Pairformer blocks, one for the diffusion transformer's, one for a step of the diffusion sampler) and run one
+        forward and backward on a real example;
         on any failure, warn and train with eager blocks. Later failures of single graphs fall back to eager
         (suppress_errors)."""
         import torch._dynamo
@@ -182,7 +183,7 @@ class Trainer:
                 outputs = model(example, n_recycles=0, generator=self._generator(2, 0, 0))
                 self.acc.backward(compute_losses(outputs, example, self.cfg.loss)[0])
             self.optimizer.zero_grad(set_to_none=True)
-            self.say("trainer.compile: the Pairformer and diffusion blocks are compiled")
+            self.say("trainer.compile: the Pairformer and diffusion blocks and the sampler step are compiled")
         except Exception as err:                             # noqa: BLE001 - any compiler failure means eager
             self.optimizer.zero_grad(set_to_none=True)
             uncompile_blocks(self.plain)

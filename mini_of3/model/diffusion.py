@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from mini_of3.model.attention import AttentionPairBias
-from mini_of3.model.compiled import run_block
+from mini_of3.model.compiled import run_block, run_sampler_step
 from mini_of3.model.embedder import RelativePositionEncoding
 from mini_of3.model.norm import LayerNorm
 from mini_of3.model.transition import ConditionedTransitionBlock, Transition
@@ -156,6 +156,7 @@ class DiffusionModule(nn.Module):
         self.layer_norm_a = LayerNorm(c_token)
         self.linear_out = nn.Linear(c_token, 3, bias=False)     # zero at build (init.py): D(x, t) = c_skip(t) x
         self.run_block = run_block          # compiled by mini_of3.model.compiled.compile_blocks
+        self.run_sampler_step = run_sampler_step      # likewise: one graph per sampler step (no gradients)
 
     def prepare(self, batch: dict[str, torch.Tensor], s_inputs: torch.Tensor, s_trunk: torch.Tensor,
                 z_trunk: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -176,6 +177,11 @@ class DiffusionModule(nn.Module):
             "mask": mask,
             "interior": interior,
         }
+
+    def sampler_step(self, context: dict[str, torch.Tensor], *step_inputs: torch.Tensor) -> torch.Tensor:
+        """One step of the sampler (:func:`mini_of3.model.sampler.edm_step`) with this denoiser: ``step_inputs``
+        are (x, mask, quaternion, shift, zeta, t_hat, step); what ``sample_diffusion(..., sampler_step=)`` takes."""
+        return self.run_sampler_step(self, context, *step_inputs)
 
     def forward(self, x_noisy: torch.Tensor, t: torch.Tensor, context: dict[str, torch.Tensor]) -> torch.Tensor:
         """x_noisy: [B, S, N, 3] noisy Calpha, t: [B, S] noise levels in A -> denoised x [B, S, N, 3]."""

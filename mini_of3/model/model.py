@@ -1,6 +1,8 @@
 """MiniOF3: embedder -> recycled Pairformer trunk -> distogram, Calpha diffusion and pLDDT heads (AF3 SI Alg 1)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -109,7 +111,8 @@ class MiniOF3(nn.Module):
             rollout = {key: value.detach() for key, value in context.items()}
             x_sample = sample_diffusion(lambda xn, t: self.diffusion(xn, t, rollout), (B, 1, N, 3), mask,
                                         sigma_data=cfg.sigma_data, steps=cfg.plddt_rollout_steps,
-                                        generator=generator, dtype=dtype)
+                                        generator=generator, dtype=dtype,
+                                        sampler_step=functools.partial(self.diffusion.sampler_step, rollout))
         out["plddt_logits"] = self.plddt_head(s.detach(), z.detach(), x_sample, mask)[:, 0].float()
         out["plddt_coords"] = x_sample[:, 0]
         return out
@@ -129,7 +132,8 @@ class MiniOF3(nn.Module):
         context = self.diffusion.prepare(batch, s_inputs, s, z)
         x = sample_diffusion(lambda xn, t: self.diffusion(xn, t, context), (B, samples, N, 3), mask,
                              sigma_data=self.cfg.sigma_data, steps=steps, generator=generator,
-                             dtype=self.coordinate_dtype)
+                             dtype=self.coordinate_dtype,
+                             sampler_step=functools.partial(self.diffusion.sampler_step, context))
         probs = torch.softmax(self.plddt_head(s, z, x, mask).float(), dim=-1)      # [B, S, N, bins]
         n_bins = probs.shape[-1]
         centres = (torch.arange(n_bins, device=x.device, dtype=torch.float32) + 0.5) / n_bins

@@ -1,6 +1,7 @@
 """Noise levels, augmentation and the EDM sampler of the diffusion module (AF3 SI 3.7, Alg 18 and 19)."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -29,15 +30,29 @@ def noise_schedule(steps: int, sigma_data: float, s_max: float = 160.0, s_min: f
     return c.float()
 
 
-def random_rotation(shape, generator: torch.Generator | None, device) -> torch.Tensor:
-    """Rotations uniform on SO(3) from normalised Gaussian quaternions: [*shape, 3, 3]."""
-    q = randn((*shape, 4), generator, device, torch.float64)     # float64: exactly orthogonal in any dtype
+def rotation_from_quaternion(q: torch.Tensor) -> torch.Tensor:
+    """Rotation matrices [..., 3, 3] of (unnormalised) quaternions q [..., 4] = (w, x, y, z)."""
     w, x, y, z = (q / q.norm(dim=-1, keepdim=True)).unbind(-1)
     return torch.stack([
         1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
         2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
         2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
-    ], dim=-1).view(*shape, 3, 3)
+    ], dim=-1).view(*q.shape[:-1], 3, 3)
+
+
+def random_rotation(shape, generator: torch.Generator | None, device) -> torch.Tensor:
+    """Rotations uniform on SO(3) from normalised Gaussian quaternions: [*shape, 3, 3]."""
+    return rotation_from_quaternion(randn((*shape, 4), generator, device, torch.float64))  # exactly orthogonal
+
+
+def centre_and_move(x: torch.Tensor, mask: torch.Tensor, rotation: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """R (x - centre) + t (AF3 SI Alg 19 given its draws): x [B, S, N, 3], mask [B, N] bool (the atoms that define
+    the centre; the others are put on it first), rotation [B, S, 3, 3] (float64 is cast to x's dtype), shift
+    [B, S, 1, 3]."""
+    m = mask[:, None, :, None].to(x.dtype)                                       # [B, 1, N, 1]
+    centre = (x * m).sum(-2, keepdim=True) / m.sum(-2, keepdim=True).clamp(min=1)
+    x = (x - centre) * m
+    return x @ rotation.to(x.dtype).transpose(-1, -2) + shift
 
 
 def centre_random_augmentation(x: torch.Tensor, mask: torch.Tensor, generator: torch.Generator | None,
@@ -49,19 +64,31 @@ def centre_random_augmentation(x: torch.Tensor, mask: torch.Tensor, generator: t
     Returns [B, S, N, 3] = R (x - centre) + t, with R uniform on SO(3) and t ~ s_trans N(0, I) per structure.
     """
     B, S = x.shape[:2]
-    m = mask[:, None, :, None].to(x.dtype)                                       # [B, 1, N, 1]
-    centre = (x * m).sum(-2, keepdim=True) / m.sum(-2, keepdim=True).clamp(min=1)
-    x = (x - centre) * m
-    R = random_rotation((B, S), generator, x.device).to(x.dtype)                 # [B, S, 3, 3]
-    t = s_trans * randn((B, S, 1, 3), generator, x.device, x.dtype)
-    return x @ R.transpose(-1, -2) + t
+    rotation = random_rotation((B, S), generator, x.device)                      # [B, S, 3, 3] float64
+    shift = s_trans * randn((B, S, 1, 3), generator, x.device, x.dtype)
+    return centre_and_move(x, mask, rotation, shift)
+
+
+def edm_step(denoise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x: torch.Tensor, mask: torch.Tensor,
+             quaternion: torch.Tensor, shift: torch.Tensor, zeta: torch.Tensor, t_hat: torch.Tensor,
+             step: torch.Tensor) -> torch.Tensor:
+    """One step of AF3's sampler (SI Alg 18, lines 3-9) given its random draws, all tensors (no python number that
+    changes from step to step, so one compiled graph serves every step):
+
+    x [B, S, N, 3]; quaternion [B, S, 4] float64 and shift [B, S, 1, 3] (the augmentation); zeta [B, S, N, 3] (the
+    added noise); t_hat [B, S] (the raised noise level); step: 0-d, eta (c_tau - t_hat) -> x of the next level.
+    """
+    x = centre_and_move(x, mask, rotation_from_quaternion(quaternion), shift)
+    x_noisy = x + zeta
+    delta = (x_noisy - denoise(x_noisy, t_hat)) / t_hat[:, :, None, None]
+    return x_noisy + step * delta
 
 
 def sample_diffusion(denoise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], shape, mask: torch.Tensor,
                      *, sigma_data: float, steps: int, generator: torch.Generator | None = None,
                      dtype: torch.dtype = torch.float32,
                      gamma_0: float = 0.8, gamma_min: float = 1.0, noise_scale: float = 1.003,
-                     step_scale: float = 1.5) -> torch.Tensor:
+                     step_scale: float = 1.5, sampler_step: Callable | None = None) -> torch.Tensor:
     """EDM sampler of AF3 (SI Alg 18): stochastic steps along the schedule c_0 > c_1 > ... > c_T.
 
     Parameters
@@ -71,21 +98,26 @@ def sample_diffusion(denoise: Callable[[torch.Tensor, torch.Tensor], torch.Tenso
     mask : [B, N] bool, the real tokens (they define the centre of each augmentation)
     steps : T; gamma_0, gamma_min, noise_scale (lambda), step_scale (eta) : AF3's 0.8, 1, 1.003, 1.5
     dtype : of the coordinates (float32; float64 for a float64 model)
+    sampler_step : (x, mask, quaternion, shift, zeta, t_hat, step) -> x, one step given its draws; default
+        :func:`edm_step` with ``denoise`` (a compiled model passes its compiled step, which calls its own denoiser)
 
     Returns
     -------
     x [B, S, N, 3]
     """
     device = mask.device
+    B, S = shape[:2]
+    if sampler_step is None:
+        sampler_step = functools.partial(edm_step, denoise)
     c = noise_schedule(steps, sigma_data).tolist()          # python floats: no device sync inside the loop
     x = c[0] * randn(shape, generator, device, dtype)
     for tau in range(1, steps + 1):
-        x = centre_random_augmentation(x, mask, generator)
+        # the draws in the order of centre_random_augmentation, then the noise
+        quaternion = randn((B, S, 4), generator, device, torch.float64)
+        shift = 1.0 * randn((B, S, 1, 3), generator, device, dtype)
         gamma = gamma_0 if c[tau] > gamma_min else 0.0
         t_hat = c[tau - 1] * (gamma + 1)
         zeta = noise_scale * (t_hat ** 2 - c[tau - 1] ** 2) ** 0.5 * randn(shape, generator, device, dtype)
-        x_noisy = x + zeta
-        x_denoised = denoise(x_noisy, torch.full(shape[:2], t_hat, device=device, dtype=dtype))
-        delta = (x_noisy - x_denoised) / t_hat
-        x = x_noisy + step_scale * (c[tau] - t_hat) * delta
+        x = sampler_step(x, mask, quaternion, shift, zeta, torch.full((B, S), t_hat, device=device, dtype=dtype),
+                         torch.full((), step_scale * (c[tau] - t_hat), device=device, dtype=dtype))
     return x

@@ -6,9 +6,10 @@ import torch
 import torch._dynamo
 
 from mini_of3.model import build_model
-from mini_of3.model.compiled import compile_blocks, run_block, uncompile_blocks
+from mini_of3.model.compiled import compile_blocks, run_block, run_sampler_step, uncompile_blocks
 from mini_of3.model.pairformer import PairformerBlock
-from tiny import perturb_zero_parameters, relative_error, tiny_config
+from mini_of3.model.sampler import sample_diffusion
+from tiny import perturb_zero_parameters, random_batch, relative_error, tiny_config
 
 REL32 = 2 ** 7 * torch.finfo(torch.float32).eps     # two float32 evaluations summing in different orders
 
@@ -76,5 +77,40 @@ def test_compile_blocks_sets_and_uncompile_restores_every_stack():
     stacks = compile_blocks(model)
     assert {type(s).__name__ for s in stacks} == {"PairformerStack", "DiffusionModule"}
     assert all(s.run_block is not run_block for s in stacks)
+    assert model.diffusion.run_sampler_step is not run_sampler_step
     uncompile_blocks(model)
     assert all(s.run_block is run_block for s in stacks)
+    assert model.diffusion.run_sampler_step is run_sampler_step
+
+
+@pytest.mark.parametrize("backend", ["torch", "mini_of3"])
+def test_a_sampler_step_compiles_to_one_graph_and_samples_as_eager(backend):
+    """The pLDDT rollout's sampler step (augmentation, the denoiser with its transformer blocks, the update) is one
+    graph with no break, and sampling through it (aot_eager: the same ATen ops, and our attention kernel as an
+    opaque custom op, under the interpreter for ``mini_of3``) gives the eager samples bitwise, for two samples of
+    a padded batch over five steps (one graph for all of them: the per-step numbers are tensors)."""
+    import functools
+    torch.manual_seed(0)
+    model = build_model(tiny_config(tri_attn_backend=backend, diffusion_blocks=2))
+    perturb_zero_parameters(model)
+    model.eval()
+    batch = random_batch(1, 13, seed=3)
+    batch["token_mask"][:, -2:] = False
+    with torch.no_grad():
+        s_inputs, s, z = model.trunk(batch, 0)
+        context = model.diffusion.prepare(batch, s_inputs, s, z)
+        mask = batch["token_mask"]
+        samples = []
+        for step_fn in (run_sampler_step, torch.compile(run_sampler_step, backend="aot_eager", fullgraph=True)):
+            torch._dynamo.reset()
+            object.__setattr__(model.diffusion, "run_sampler_step", step_fn)
+            samples.append(sample_diffusion(None, (1, 2, 13, 3), mask, sigma_data=16.0, steps=5,
+                                            generator=torch.Generator().manual_seed(5),
+                                            sampler_step=functools.partial(model.diffusion.sampler_step, context)))
+        object.__setattr__(model.diffusion, "run_sampler_step", run_sampler_step)
+        inputs = (samples[0], mask, torch.randn(1, 2, 4, dtype=torch.float64), torch.randn(1, 2, 1, 3),
+                  torch.randn(1, 2, 13, 3), torch.full((1, 2), 3.0), torch.tensor(-1.0))
+        explained = torch._dynamo.explain(run_sampler_step)(model.diffusion, context, *inputs)
+    torch._dynamo.reset()
+    assert torch.equal(samples[1], samples[0])
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
