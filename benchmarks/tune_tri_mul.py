@@ -44,9 +44,7 @@ KERNELS = {   # kernel -> (the pass it runs in, candidate tiles: its TriMulTiles
 def setup(n: int, device):
     """Three input sets and the fixed arguments of forward/backward (outgoing, bf16 compute, float32 z)."""
     w = make_weights(128, 128, device)
-    names = ("norm_in_weight", "norm_in_bias", "p_in_weight", "g_in_weight", "norm_out_weight", "norm_out_bias",
-             "p_out_weight", "g_out_weight")
-    weights = [w[k].detach() for k in names]
+    weights = [w[k].detach() for k in T.WEIGHT_NAMES]              # in forward's and backward's argument order
     sets = [make_inputs(n, 128, device, seed) for seed in range(3)]
     return [(z.detach(), mask, dout) for z, mask, dout in sets], weights
 

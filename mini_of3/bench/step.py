@@ -269,7 +269,7 @@ def _timeline(prof) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, st
         if e.device_type() == torch.autograd.DeviceType.CPU:
             if e.name() in PHASES:
                 phases.append((e.start_ns(), e.end_ns(), e.name()))
-            elif e.name().startswith("cuda") or e.name().startswith("cu"):
+            elif e.name().startswith("cu"):       # runtime and driver calls (cudaLaunchKernel, cuLaunchKernel)
                 launch_ns[e.correlation_id()] = e.start_ns()
         elif not e.is_user_annotation():       # kernels, copies, memsets; not the ranges' GPU-side spans
             gpu.append(e)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mini_of3.model.sampler import edm_step
+
 # Graphs one training process needs of ``run_block``: each stack's block with and without gradients (recycling
 # iterations and the pLDDT rollout run without), the checkpointed recomputation, and a dynamic-shape graph per
 # variant once crops of a second size arrive; a benchmark holds several backends' blocks in one process. Dynamo's
@@ -30,7 +32,6 @@ def run_sampler_step(denoiser: nn.Module, context: dict, *step_inputs):
     ~100 eager ops and a compiled call per block: the pLDDT rollout's 20 steps, host-bound, are the part of a
     training step where the GPU waited longest (H200, crop 768: 117-238 ms of a profiled step;
     step_crop384_acbe717_768.json)."""
-    from mini_of3.model.sampler import edm_step
     return edm_step(lambda x, t: denoiser(x, t, context), *step_inputs)
 
 

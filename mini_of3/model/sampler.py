@@ -45,6 +45,14 @@ def random_rotation(shape, generator: torch.Generator | None, device) -> torch.T
     return rotation_from_quaternion(randn((*shape, 4), generator, device, torch.float64))  # exactly orthogonal
 
 
+def augmentation_draws(B: int, S: int, generator: torch.Generator | None, device, dtype: torch.dtype,
+                       s_trans: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The random numbers of one augmentation (AF3 SI Alg 19), in the order drawn: a Gaussian quaternion [B, S, 4]
+    (float64, uniform rotations once normalised) and a shift s_trans N(0, I) [B, S, 1, 3]."""
+    quaternion = randn((B, S, 4), generator, device, torch.float64)
+    return quaternion, s_trans * randn((B, S, 1, 3), generator, device, dtype)
+
+
 def centre_and_move(x: torch.Tensor, mask: torch.Tensor, rotation: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """R (x - centre) + t (AF3 SI Alg 19 given its draws): x [B, S, N, 3], mask [B, N] bool (the atoms that define
     the centre; the others are put on it first), rotation [B, S, 3, 3] (float64 is cast to x's dtype), shift
@@ -63,10 +71,8 @@ def centre_random_augmentation(x: torch.Tensor, mask: torch.Tensor, generator: t
     centre before the rotation, so unresolved or padded positions carry no stale coordinates.
     Returns [B, S, N, 3] = R (x - centre) + t, with R uniform on SO(3) and t ~ s_trans N(0, I) per structure.
     """
-    B, S = x.shape[:2]
-    rotation = random_rotation((B, S), generator, x.device)                      # [B, S, 3, 3] float64
-    shift = s_trans * randn((B, S, 1, 3), generator, x.device, x.dtype)
-    return centre_and_move(x, mask, rotation, shift)
+    quaternion, shift = augmentation_draws(*x.shape[:2], generator, x.device, x.dtype, s_trans)
+    return centre_and_move(x, mask, rotation_from_quaternion(quaternion), shift)
 
 
 def edm_step(denoise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x: torch.Tensor, mask: torch.Tensor,
@@ -112,9 +118,7 @@ def sample_diffusion(denoise: Callable[[torch.Tensor, torch.Tensor], torch.Tenso
     c = noise_schedule(steps, sigma_data).tolist()          # python floats: no device sync inside the loop
     x = c[0] * randn(shape, generator, device, dtype)
     for tau in range(1, steps + 1):
-        # the draws in the order of centre_random_augmentation, then the noise
-        quaternion = randn((B, S, 4), generator, device, torch.float64)
-        shift = 1.0 * randn((B, S, 1, 3), generator, device, dtype)
+        quaternion, shift = augmentation_draws(B, S, generator, device, dtype)     # then the noise, as AF3 draws
         gamma = gamma_0 if c[tau] > gamma_min else 0.0
         t_hat = c[tau - 1] * (gamma + 1)
         zeta = noise_scale * (t_hat ** 2 - c[tau - 1] ** 2) ** 0.5 * randn(shape, generator, device, dtype)
