@@ -5,7 +5,11 @@
 # run's log by --report). Carry .whl and .device (prepared entries, gemmi/biopython wheels).
 #   MINI_OF3_COMMIT=<hash> bash benchmarks/device_fit.sh TAG STEPS EVERY LIMIT_S NAME:KEY=VALUE,KEY=VALUE ...
 # Writes $OUT/fit_<TAG>_<NAME>.json/.png, the run's log as fit_<TAG>_<NAME>_log.jsonl and its console output.
+# MINI_OF3_RUNS (default /tmp/runs) holds the run folders: runs/... (git-ignored, not carried) stays on a machine kept
+# warm between calls, so the same command with trainer.resume=auto in MINI_OF3_FIT_COMMON resumes a run stopped at
+# LIMIT from its SIGTERM checkpoint.
 set -u
+runs=${MINI_OF3_RUNS:-/tmp/runs}
 tag=$1; steps=$2; every=$3; limit=$4; shift 4
 : "${MINI_OF3_COMMIT:?set MINI_OF3_COMMIT to the commit measured}"
 source benchmarks/device_env.sh
@@ -13,16 +17,16 @@ for arm in "$@"; do
   name=${arm%%:*}; overrides=${arm#*:}
   timeout -s TERM -k 60 "$limit" python3 -m mini_of3.bench fit configs/crop384.yaml \
     --ids "${MINI_OF3_FIT_IDS:-1EMA,1GBT,4I39,3NZD}" --steps "$steps" --every "$every" --data .device/data/cache \
-    --name "$name" --out "$OUT" --tag "${tag}_$name" wandb=false trainer.out_dir="/tmp/runs/$name" \
+    --name "$name" --out "$OUT" --tag "${tag}_$name" wandb=false trainer.out_dir="$runs/$name" \
     ${MINI_OF3_FIT_COMMON:-} ${overrides//,/ } > "$OUT/fit_${tag}_${name}_console.txt" 2>&1 &
 done
 wait
 for arm in "$@"; do
   name=${arm%%:*}
-  echo "== $name: $(grep -c '"split": "val"' /tmp/runs/$name/log.jsonl) validations, last step $(tail -1 /tmp/runs/$name/log.jsonl | python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["step"])')"
-  [ -f "$OUT/fit_${tag}_$name.json" ] || python3 -m mini_of3.bench fit --report "/tmp/runs/$name" --name "$name" \
+  echo "== $name: $(grep -c '"split": "val"' $runs/$name/log.jsonl) validations, last step $(tail -1 $runs/$name/log.jsonl | python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["step"])')"
+  [ -f "$OUT/fit_${tag}_$name.json" ] || python3 -m mini_of3.bench fit --report "$runs/$name" --name "$name" \
     --out "$OUT" --tag "${tag}_$name" 2>&1 | tail -30
-  cp "/tmp/runs/$name/log.jsonl" "$OUT/fit_${tag}_${name}_log.jsonl"
+  cp "$runs/$name/log.jsonl" "$OUT/fit_${tag}_${name}_log.jsonl"
   grep -v '^\s*$' "$OUT/fit_${tag}_${name}_console.txt" | grep -iE "error|Traceback|compile" | tail -5
 done
 python3 - "$OUT" "$tag" "$@" <<'PY'

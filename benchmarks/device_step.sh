@@ -3,7 +3,7 @@
 # the backends swapped. Carry .whl (../shared/tools/anchor_wheels.sh) and .device (prepared entries:
 # python -m mini_of3.data.prepare ../shared/data/mmcif .device/data/cache).
 #   MINI_OF3_COMMIT=<hash> bash benchmarks/device_step.sh TAG [STEPS] [CROPS] [ARMS] [KERNEL_NS]
-# STEPS: any of kernels, step, block (default kernels,step); MINI_OF3_BLOCK_IMPLS: block's impls. Writes $OUT/kernels_layouts_<TAG>.json/.png, $OUT/step_<TAG>.json/.png.
+# STEPS: any of kernels, step, block (default kernels,step); MINI_OF3_STEP_ARGS: more options of bench step; MINI_OF3_BLOCK_IMPLS: block's impls. Writes $OUT/kernels_layouts_<TAG>.json/.png, $OUT/step_<TAG>.json/.png.
 set -u
 tag=${1:-dev}; steps=${2:-kernels,step}; crops=${3:-256,384,512,640,768}
 arms=${4:-mini_of3+mini_of3,mini_of3+cueq,cueq+cueq,trifast+cueq,of3_triton+cueq,cueq+mini_of3}; kns=${5:-768}
@@ -23,7 +23,7 @@ if [[ $steps == *kernels* ]]; then
 fi
 if [[ $steps == *step* ]]; then
   timeout ${MINI_OF3_STEP_LIMIT:-330} python3 -m mini_of3.bench step configs/crop384.yaml --data .device/data/cache \
-    --crops "$crops" --arms "$arms" --out "$OUT" --tag "$tag" 2>&1 | grep -v 'Warning\|warn' | tail -40
+    --crops "$crops" --arms "$arms" --out "$OUT" --tag "$tag" ${MINI_OF3_STEP_ARGS:-} 2>&1 | grep -v 'Warning\|warn' | tail -40
   python3 - "$OUT/step_$tag.json" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))["rows"]
