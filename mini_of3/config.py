@@ -46,6 +46,7 @@ class DataConfig:
     min_tokens: int = 16
     max_tokens: int | None = None
     max_resolution: float | None = 9.0       # Angstrom; None keeps all (NMR has no resolution)
+    min_resolved_fraction: float = 0.0       # entries with fewer of their tokens resolved are left out (5KC1: 0.19)
     methods: list[str] = field(default_factory=list)  # empty keeps every experimental method
     sample_weighting: Literal["uniform", "length", "chains"] = "chains"
     samples_per_epoch: int | None = None     # examples per epoch over all ranks; None: one per training entry
@@ -245,6 +246,8 @@ def _validate(cfg: Config) -> None:
     _check(d.val_crop_size is None or d.val_crop_size >= 1, "data.val_crop_size", d.val_crop_size, ">= 1 or null")
     _check(len(d.crop_weights) == 3 and all(w >= 0 for w in d.crop_weights) and sum(d.crop_weights) > 0,
            "data.crop_weights", d.crop_weights, "three non-negative numbers, not all zero")
+    _check(0.0 <= d.min_resolved_fraction <= 1.0, "data.min_resolved_fraction", d.min_resolved_fraction,
+           "a fraction in [0, 1]")
     _check(d.val_identity_cut is None or 0.0 <= d.val_identity_cut <= 1.0, "data.val_identity_cut",
            d.val_identity_cut, "a fraction in [0, 1] or null")
     shared = sorted({v.upper() for v in d.val_ids} & {t.upper() for t in d.train_eval_ids})

@@ -40,13 +40,16 @@ def is_validation(row: ManifestRow, cfg: DataConfig) -> bool:
 
 
 def filter_reason(row: ManifestRow, cfg: DataConfig) -> str | None:
-    """Why ``row`` fails the filters of ``cfg`` (length, resolution, method), or None when it passes."""
+    """Why ``row`` fails the filters of ``cfg`` (length, resolution, resolved fraction, method), or None when it
+    passes."""
     if row.tokens < cfg.min_tokens:
         return f"{row.tokens} tokens < min_tokens {cfg.min_tokens}"
     if cfg.max_tokens is not None and row.tokens > cfg.max_tokens:
         return f"{row.tokens} tokens > max_tokens {cfg.max_tokens}"
     if cfg.max_resolution is not None and row.resolution is not None and row.resolution > cfg.max_resolution:
         return f"resolution {row.resolution} A > max_resolution {cfg.max_resolution}"
+    if row.resolved_fraction < cfg.min_resolved_fraction:
+        return f"{row.resolved_fraction:.2f} of its tokens resolved < min_resolved_fraction {cfg.min_resolved_fraction}"
     if cfg.methods:
         allowed = {m.upper() for m in cfg.methods}
         if not allowed & set(row.method.upper().split(";")):

@@ -80,6 +80,13 @@ def test_filters(prepared):
     kept = select_entries(rows, dataclasses.replace(CFG, max_resolution=2.0), "all")
     assert all(r.resolution is None or r.resolution <= 2.0 for r in kept)
     assert any(r.resolution is None for r in kept) == any(r.resolution is None for r in rows)
+    least = min(rows, key=lambda r: r.resolved_fraction)
+    cut = dataclasses.replace(CFG, min_resolved_fraction=(least.resolved_fraction + 1.0) / 2)
+    assert least.resolved_fraction < 1.0          # the real entries include one with unresolved tokens
+    assert {r.id for r in select_entries(rows, cut, "all")} == \
+        {r.id for r in rows if r.resolved_fraction >= cut.min_resolved_fraction} and least.id not in \
+        {r.id for r in select_entries(rows, cut, "all")}
+    assert "of its tokens resolved < min_resolved_fraction" in filter_reason(least, cut)
     xray = select_entries(rows, dataclasses.replace(CFG, methods=["x-ray diffraction"]), "all")
     assert xray and all("X-RAY DIFFRACTION" in r.method.split(";") for r in xray)
     assert filter_reason(rows[0], dataclasses.replace(CFG, min_tokens=10**6)).startswith(f"{rows[0].tokens} tokens")
