@@ -128,6 +128,8 @@ class TrainerConfig:
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     grad_accum: int = 1
     compile: bool = False
+    compile_mode: Literal["default", "reduce-overhead"] = "default"   # torch.compile's mode for the compiled
+                                             # blocks and sampler step: reduce-overhead replays them as CUDA graphs
     max_nonfinite: int = 5                   # stop after this many non-finite losses in a row
     stall_timeout_s: float = 1800.0          # a collective that waits longer than this ends the run with a message
 

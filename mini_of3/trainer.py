@@ -178,7 +178,7 @@ class Trainer:
         torch._dynamo.config.suppress_errors = True
         example = self._to_device(collate([self.loaders.train.dataset[(0, 0)]]))
         try:
-            compile_blocks(self.plain)
+            compile_blocks(self.plain, self.cfg.trainer.compile_mode)
             with torch.random.fork_rng(devices=[]):
                 outputs = model(example, n_recycles=0, generator=self._generator(2, 0, 0))
                 self.acc.backward(compute_losses(outputs, example, self.cfg.loss)[0])

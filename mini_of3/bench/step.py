@@ -96,7 +96,7 @@ class Arm:
         self.model = build_model(replace(cfg.model, tri_attn_backend=attn, tri_mul_backend=mul)).to(device)
         self.model.load_state_dict(state)
         if cfg.trainer.compile:           # trainer.compile=true: the blocks compiled, as in training
-            compile_blocks(self.model)
+            compile_blocks(self.model, cfg.trainer.compile_mode)
         self.optimizer, _ = build_optimizer(self.model, cfg.optim)
         self.slow_from: int | None = None          # the first crop at which a step took longer than SLOW_STEP_S
 

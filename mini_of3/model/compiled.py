@@ -35,16 +35,19 @@ def run_sampler_step(denoiser: nn.Module, context: dict, *step_inputs):
     return edm_step(lambda x, t: denoiser(x, t, context), *step_inputs)
 
 
-def compile_blocks(model: nn.Module) -> list[nn.Module]:
-    """Give every stack in ``model`` (a module with a ``run_block`` attribute) a compiled ``run_block``; returns
-    the stacks. Shapes are dynamic after the first recompilation (crops of other sizes reuse the graph)."""
+def compile_blocks(model: nn.Module, mode: str = "default") -> list[nn.Module]:
+    """Give every stack in ``model`` (a module with a ``run_block`` attribute) a compiled ``run_block``, and every
+    diffusion module a compiled sampler step; returns the stacks. Shapes are dynamic after the first recompilation
+    (crops of other sizes reuse the graph). ``mode`` is torch.compile's: "reduce-overhead" records each graph as a
+    CUDA graph and replays it (one launch instead of the graph's kernels one by one; on the CPU it compiles as
+    "default")."""
     import torch._dynamo.config as dynamo_config
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
-    compiled = torch.compile(run_block)
+    compiled = torch.compile(run_block, mode=mode)
     stacks = [m for m in model.modules() if hasattr(m, "run_block")]
     for stack in stacks:
         _set(stack, compiled)
-    step = torch.compile(run_sampler_step)
+    step = torch.compile(run_sampler_step, mode=mode)
     for denoiser in (m for m in model.modules() if hasattr(m, "run_sampler_step")):
         _set(denoiser, step, "run_sampler_step")
     return stacks

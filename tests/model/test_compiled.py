@@ -72,9 +72,15 @@ def test_compiled_block_matches_eager_outputs_and_gradients():
         assert relative_error(g1[name], g, total) < REL32, name
 
 
-def test_compile_blocks_sets_and_uncompile_restores_every_stack():
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compile_blocks_sets_and_uncompile_restores_every_stack(mode, monkeypatch):
+    """Both compiled functions (blocks, sampler step) get trainer.compile_mode; uncompile_blocks restores eager."""
+    modes = []
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: modes.append(kw.get("mode")) or real_compile(fn, **kw))
     model = build_model(tiny_config())
-    stacks = compile_blocks(model)
+    stacks = compile_blocks(model, mode)
+    assert modes == [mode, mode]
     assert {type(s).__name__ for s in stacks} == {"PairformerStack", "DiffusionModule"}
     assert all(s.run_block is not run_block for s in stacks)
     assert model.diffusion.run_sampler_step is not run_sampler_step
@@ -114,3 +120,42 @@ def test_a_sampler_step_compiles_to_one_graph_and_samples_as_eager(backend):
     torch._dynamo.reset()
     assert torch.equal(samples[1], samples[0])
     assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")
+def test_cuda_graph_mode_trains_and_samples_as_the_default_mode():
+    """trainer.compile_mode=reduce-overhead (the compiled blocks and sampler step replayed as CUDA graphs, our
+    kernels inside them) against the default mode: three training steps (losses and every gradient of the last) and
+    a sampling run after them repeat bitwise, since a replay runs the recorded kernels on the same inputs."""
+    from mini_of3.losses import compute_losses
+    from mini_of3.config import LossConfig
+
+    batch = {k: v.cuda() for k, v in random_batch(1, 48, seed=4).items()}
+    batch["token_mask"][:, -5:] = False
+    results = {}
+    for mode in ("default", "reduce-overhead"):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = build_model(tiny_config(tri_attn_backend="mini_of3", tri_mul_backend="mini_of3", c_z=32,
+                                        c_hidden_mul=32, diffusion_samples=4)).cuda()
+        perturb_zero_parameters(model)
+        compile_blocks(model, mode)
+        losses = []
+        for step in range(3):
+            model.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = model(batch, n_recycles=0, generator=torch.Generator("cuda").manual_seed(step))
+            loss = compute_losses(out, batch, LossConfig())[0]
+            loss.backward()
+            losses.append(loss.detach().clone())
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.eval()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            sample = model.sample(batch, n_recycles=0, steps=6, samples=2,
+                                  generator=torch.Generator("cuda").manual_seed(9))["coords"].clone()
+        results[mode] = (losses, grads, sample)
+    torch._dynamo.reset()
+    (l0, g0, x0), (l1, g1, x1) = results["default"], results["reduce-overhead"]
+    assert all(torch.equal(a, b) for a, b in zip(l0, l1)), (l0, l1)
+    assert g0.keys() == g1.keys() and all(torch.equal(g0[n], g1[n]) for n in g0)
+    assert torch.equal(x0, x1)
