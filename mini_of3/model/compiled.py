@@ -43,14 +43,30 @@ def compile_blocks(model: nn.Module, mode: str = "default") -> list[nn.Module]:
     "default")."""
     import torch._dynamo.config as dynamo_config
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
-    compiled = torch.compile(run_block, mode=mode)
+    compiled, step = torch.compile(run_block, mode=mode), torch.compile(run_sampler_step, mode=mode)
+    if mode == "reduce-overhead":
+        compiled, step = _copied_out_without_grad(compiled), _copied_out_without_grad(step)
     stacks = [m for m in model.modules() if hasattr(m, "run_block")]
     for stack in stacks:
         _set(stack, compiled)
-    step = torch.compile(run_sampler_step, mode=mode)
     for denoiser in (m for m in model.modules() if hasattr(m, "run_sampler_step")):
         _set(denoiser, step, "run_sampler_step")
     return stacks
+
+
+def _copied_out_without_grad(fn):
+    """``fn`` whose outputs are copied when gradients are off (validation, sampling, recycling's first cycles).
+
+    CUDA graph trees start a new generation at every compiled call with no backward pending, and a new generation
+    reuses the memory of the previous one's outputs: in ``z = block_2(block_1(z))`` or the sampler's
+    ``x = step(step(x))``, the input would be an output already overwritten. With gradients on (training) every call
+    of a step waits for the same backward, so outputs stay valid until it has run, and nothing is copied."""
+    def call(*args):
+        out = fn(*args)
+        if torch.is_grad_enabled():
+            return out
+        return tuple(t.clone() for t in out) if isinstance(out, tuple) else out.clone()
+    return call
 
 
 def uncompile_blocks(model: nn.Module) -> None:
