@@ -186,6 +186,8 @@ def _scope_hooks(model: torch.nn.Module) -> list:
             return "bench::diffusion_module" if torch.is_grad_enabled() else "bench::plddt_rollout"
         if module is model.plddt_head:
             return "bench::plddt_rollout"
+        if module is model.pairformer:
+            return "bench::trunk"
         if isinstance(module, TriangleAttention):
             return "bench::triangle_attention"
         if isinstance(module, TriangleMultiplication):
@@ -205,7 +207,7 @@ def _scope_hooks(model: torch.nn.Module) -> list:
         if scope_of(module) is not None and open_ranges:
             open_ranges.pop().__exit__(None, None, None)
 
-    modules = [model.diffusion, model.plddt_head,
+    modules = [model.pairformer, model.diffusion, model.plddt_head,
                *(m for m in model.modules() if isinstance(m, (TriangleAttention, TriangleMultiplication)))]
     return [h for m in modules for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
 
@@ -229,8 +231,9 @@ _BLOCKING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventS
 _LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
 
 
-PHASES = ("bench::forward", "bench::diffusion_module", "bench::plddt_rollout", "bench::losses", "bench::backward",
-          "optimizer")     # the step's ranges that GPU idle time is attributed to (forward alone: embedder and trunk)
+PHASES = ("bench::forward", "bench::trunk", "bench::diffusion_module", "bench::plddt_rollout", "bench::losses", "bench::backward",
+          "optimizer")     # the step's ranges that GPU idle time is attributed to (forward alone: the embedder,
+                           # the distogram head, the diffusion module's preparation)
 
 
 def gpu_idle_by_phase(kernels: list[tuple[int, int, int]], phases: list[tuple[int, int, str]]) -> dict[str, float]:
@@ -245,19 +248,30 @@ def gpu_idle_by_phase(kernels: list[tuple[int, int, int]], phases: list[tuple[in
     idle: dict[str, float] = {}
     if not kernels:
         return idle
-
-    def phase_at(t: int) -> str:
-        holding = [(end - start, name) for start, end, name in phases if start <= t <= end]
-        return min(holding)[1] if holding else "-"
-
     kernels = sorted(kernels)
     busy_until = min([kernels[0][0], *(start for start, _, _ in phases)])
     for start, end, launch in kernels:
         if start > busy_until:
-            name = phase_at(launch)
+            name = _phase_at(launch, phases)
             idle[name] = idle.get(name, 0.0) + (start - busy_until) / 1e6
         busy_until = max(busy_until, end)
     return {name: round(ms, 3) for name, ms in sorted(idle.items(), key=lambda kv: -kv[1])}
+
+
+def launches_by_phase(kernels: list[tuple[int, int, int]], phases: list[tuple[int, int, str]]) -> dict[str, int]:
+    """How many GPU activities each phase launched (the innermost phase holding the launch; ``-`` outside every
+    phase), most first: where the host's launches, and so its time in a host-bound step, go."""
+    counts: dict[str, int] = {}
+    for _, _, launch in kernels:
+        name = _phase_at(launch, phases)
+        counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _phase_at(t: int, phases: list[tuple[int, int, str]]) -> str:
+    """The innermost phase holding host time ``t``, or ``-``."""
+    holding = [(end - start, name) for start, end, name in phases if start <= t <= end]
+    return min(holding)[1] if holding else "-"
 
 
 def _timeline(prof) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, str]], float]:
@@ -291,7 +305,8 @@ def host_side(events, wall_ms: float, prof=None) -> dict:
     """Where the host holds the step up, from one profiled step's CUDA runtime calls: the calls that wait for the
     GPU (synchronisations, copies), grouped by the op that made them (count, ms), the 8 longest groups; the kernel
     launches (count, ms in the launch calls); the profiled step's wall time; and, given the profile (on a GPU), the
-    GPU's busy time and its idle time by the phase whose launches ended each gap (:func:`gpu_idle_by_phase`)."""
+    GPU's busy time, its idle time by the phase whose launches ended each gap (:func:`gpu_idle_by_phase`) and the
+    GPU activities each phase launched (:func:`launches_by_phase`)."""
     waits: dict[tuple[str, str], list] = {}
     launches, launch_us = 0, 0.0
     for event in events:
@@ -314,6 +329,7 @@ def host_side(events, wall_ms: float, prof=None) -> dict:
         if kernels:
             result["gpu_busy_ms"] = round(busy_ms, 3)
             result["gpu_idle_ms"] = gpu_idle_by_phase(kernels, phases)
+            result["gpu_launches"] = launches_by_phase(kernels, phases)
     return result
 
 
@@ -476,6 +492,8 @@ def main(argv: list[str] | None = None) -> None:
         if "gpu_idle_ms" in host:
             print(f"    GPU busy {host['gpu_busy_ms']:.0f} ms; idle by phase: "
                   + ", ".join(f"{name.removeprefix('bench::')} {ms:.1f}" for name, ms in host["gpu_idle_ms"].items()))
+            print("    GPU activities launched by phase: "
+                  + ", ".join(f"{name.removeprefix('bench::')} {n}" for name, n in host["gpu_launches"].items()))
     print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
 
 

@@ -75,3 +75,5 @@ def test_gpu_idle_time_goes_to_the_phase_that_launched_the_work_after_each_gap()
     assert idle == {"bench::backward": 64.0, "bench::plddt_rollout": 18.0, "bench::forward": 2.0}
     assert step.gpu_idle_by_phase([], phases) == {}
     assert step.gpu_idle_by_phase([(5 * ms, 6 * ms, 300 * ms), (9 * ms, 10 * ms, 300 * ms)], []) == {"-": 3.0}
+    assert step.launches_by_phase(kernels, phases) == {"bench::forward": 2, "bench::plddt_rollout": 2,
+                                                       "bench::backward": 1, "-": 1}
