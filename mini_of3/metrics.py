@@ -48,12 +48,17 @@ def _rotation(h: torch.Tensor, squarings: int = 32) -> torch.Tensor:
         a = a @ a
     column = torch.diagonal(a, dim1=-2, dim2=-1).argmax(-1)                     # [...]: a ~ q q^T
     q = torch.take_along_dim(a, column[..., None, None].expand(*a.shape[:-1], 1), dim=-1)[..., 0]
+    return rotation_from_quaternion(q)
+
+
+def rotation_from_quaternion(q: torch.Tensor) -> torch.Tensor:
+    """Rotation matrices [..., 3, 3] of (unnormalised) quaternions q [..., 4] = (w, x, y, z)."""
     w, x, y, z = (q / q.norm(dim=-1, keepdim=True)).unbind(-1)
     return torch.stack([
-        w * w + x * x - y * y - z * z, 2 * (x * y - w * z), 2 * (x * z + w * y),
-        2 * (x * y + w * z), w * w - x * x + y * y - z * z, 2 * (y * z - w * x),
-        2 * (x * z - w * y), 2 * (y * z + w * x), w * w - x * x - y * y + z * z,
-    ], dim=-1).view(*h.shape[:-2], 3, 3)
+        1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
+    ], dim=-1).view(*q.shape[:-1], 3, 3)
 
 
 def kabsch(mobile: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

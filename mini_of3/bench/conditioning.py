@@ -30,7 +30,7 @@ import torch
 
 from mini_of3.bench.common import print_table, result_header, write_json
 from mini_of3.bench.fit import parse_ids
-from mini_of3.bench.score import find_entries
+from mini_of3.bench.score import add_sampling_options, find_entries, sampling_device
 from mini_of3.losses import diffusion_mse_per_sample
 from mini_of3.metrics import lddt_ca
 from mini_of3.model.diffusion import chain_interior
@@ -92,20 +92,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m mini_of3.bench conditioning", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", help="a run folder (its latest checkpoint) or a checkpoint folder")
-    parser.add_argument("--mmcif", default="../shared/data/mmcif", help="a folder of mmCIF files (the truth)")
-    parser.add_argument("--ids", default=None, help="comma-separated entries (default: every file in --mmcif)")
     parser.add_argument("--copies", type=int, default=8, help="noisy copies per entry and noise level")
-    parser.add_argument("--samples", type=int, default=3, help="structures sampled per entry and arm")
-    parser.add_argument("--steps", type=int, default=None, help="EDM steps (default: the model's sampling_steps)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--out", default="benchmarks/results")
-    parser.add_argument("--tag", default="")
+    add_sampling_options(parser, samples=3, samples_help="structures sampled per entry and arm")
     args = parser.parse_args(argv)
     if args.copies < 1 or args.samples < 1 or (args.steps is not None and args.steps < 1):
         raise SystemExit(f"--copies, --samples and --steps must be >= 1, got {args.copies}, {args.samples}, "
                          f"{args.steps}")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = sampling_device(args)
     model, folder, state = load_model(args.run, device, prefer="latest")
     steps = args.steps or model.cfg.sampling_steps
     result = result_header("conditioning")
@@ -123,6 +116,8 @@ def main(argv: list[str] | None = None) -> None:
             result["rows"].append(row)
         print(query.name.upper(), " ".join(f"{r['arm']} {r['sample_lddt_ca']:.3f}" for r in result["rows"]
                                            if r["entry"] == query.name.upper()), flush=True)
+    if not result["rows"]:
+        raise SystemExit(f"no entry to score in {args.mmcif} (check --mmcif and --ids)")
     means = [{"arm": arm, **{f"mse {level:g}": statistics.mean(r["mse_by_level"][level] for r in result["rows"]
                                                                 if r["arm"] == arm) for level in LEVELS},
               "lddt": statistics.mean(r["sample_lddt_ca"] for r in result["rows"] if r["arm"] == arm)}

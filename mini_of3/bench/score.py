@@ -59,26 +59,37 @@ def _ids(text: str | None) -> list[str] | None:
     return None if text is None else [i.strip().upper() for i in text.split(",") if i.strip()]
 
 
+def add_sampling_options(parser: argparse.ArgumentParser, samples: int, samples_help: str | None = None) -> None:
+    """The options of a command that samples a checkpoint's structures of mmCIF entries (this one, ``bench
+    conditioning``): --mmcif, --ids, --samples, --steps, --seed, --device, --out, --tag."""
+    parser.add_argument("--mmcif", default="../shared/data/mmcif", help="a folder of mmCIF files (the truth)")
+    parser.add_argument("--ids", default=None, help="comma-separated entries (default: every file in --mmcif)")
+    parser.add_argument("--samples", type=int, default=samples, help=samples_help)
+    parser.add_argument("--steps", type=int, default=None, help="EDM steps (default: the model's sampling_steps)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--tag", default="")
+
+
+def sampling_device(args: argparse.Namespace) -> torch.device:
+    """--device, else CUDA where there is one."""
+    return torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m mini_of3.bench score", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", help="a run folder (its latest checkpoint, or its best with --best) or a checkpoint "
                         "folder")
     parser.add_argument("--best", action="store_true", help="a run folder's best checkpoint by validation lDDT")
-    parser.add_argument("--mmcif", default="../shared/data/mmcif", help="a folder of mmCIF files (the truth)")
-    parser.add_argument("--ids", default=None, help="comma-separated entries (default: every file in --mmcif)")
     parser.add_argument("--exclude", default="", help="comma-separated entries left out (e.g. the validation ones)")
     parser.add_argument("--max-tokens", type=int, default=None, help="only entries of at most this many tokens")
-    parser.add_argument("--samples", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=None, help="EDM steps (default: the model's sampling_steps)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--out", default="benchmarks/results")
-    parser.add_argument("--tag", default="")
+    add_sampling_options(parser, samples=5)
     args = parser.parse_args(argv)
     if args.samples < 1 or (args.steps is not None and args.steps < 1):
         raise SystemExit(f"--samples and --steps must be >= 1, got {args.samples}, {args.steps}")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = sampling_device(args)
     model, folder, state = load_model(args.run, device, prefer="best" if args.best else "latest")
     steps = args.steps or model.cfg.sampling_steps
     result = result_header("score")

@@ -231,8 +231,8 @@ _BLOCKING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventS
 _LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
 
 
-PHASES = ("bench::forward", "bench::trunk", "bench::diffusion_module", "bench::plddt_rollout", "bench::losses", "bench::backward",
-          "optimizer")     # the step's ranges that GPU idle time is attributed to (forward alone: the embedder,
+PHASES = ("bench::forward", "bench::trunk", "bench::diffusion_module", "bench::plddt_rollout", "bench::losses",
+          "bench::backward", "optimizer")     # the step's ranges that GPU idle time is attributed to (forward alone: the embedder,
                            # the distogram head, the diffusion module's preparation)
 
 

@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 import torch
 
+from mini_of3.metrics import rotation_from_quaternion
+
 
 def randn(shape, generator: torch.Generator | None, device, dtype=torch.float32) -> torch.Tensor:
     """Standard normal numbers drawn on the generator's device (any device may be passed in), then moved."""
@@ -28,16 +30,6 @@ def noise_schedule(steps: int, sigma_data: float, s_max: float = 160.0, s_min: f
     tau = torch.arange(steps + 1, dtype=torch.float64, device=device) / steps
     c = sigma_data * (s_max ** (1 / p) + tau * (s_min ** (1 / p) - s_max ** (1 / p))) ** p
     return c.float()
-
-
-def rotation_from_quaternion(q: torch.Tensor) -> torch.Tensor:
-    """Rotation matrices [..., 3, 3] of (unnormalised) quaternions q [..., 4] = (w, x, y, z)."""
-    w, x, y, z = (q / q.norm(dim=-1, keepdim=True)).unbind(-1)
-    return torch.stack([
-        1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
-    ], dim=-1).view(*q.shape[:-1], 3, 3)
 
 
 def random_rotation(shape, generator: torch.Generator | None, device) -> torch.Tensor:

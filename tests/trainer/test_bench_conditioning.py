@@ -56,3 +56,7 @@ def test_bench_conditioning_writes_a_row_per_entry_and_arm(reference_run, shared
     assert "trunk_zeroed" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--copies, --samples and --steps must be >= 1"):
         conditioning.main([str(reference_run), "--copies", "0"])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SystemExit, match="no entry to score"):
+        conditioning.main([str(reference_run), "--mmcif", str(empty), "--device", "cpu", "--out", str(tmp_path)])
