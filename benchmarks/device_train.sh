@@ -6,12 +6,24 @@
 set -u
 config=${1:-configs/crop384.yaml}; steps=${2:-200}; shift 2 || true
 source benchmarks/device_env.sh
-run=/tmp/run
-# ACCELERATE_ARGS replaces the launcher's options, e.g. "--config_file configs/accelerate/fsdp.yaml --num_processes 1"
-timeout -k 15 "${TRAIN_TIMEOUT:-400}" accelerate launch \
-  ${ACCELERATE_ARGS:---num_processes 1 --num_machines 1 --mixed_precision bf16 --dynamo_backend no} train.py "$config" wandb=false data.root=.device/data/cache data.cache_dir=.device/data/cache \
-  trainer.max_steps="$steps" trainer.out_dir=$run trainer.checkpoint_every=100000 "$@" > "$OUT/train.log" 2>&1
-echo "train rc=$?"
+# MINI_OF3_RUN: the run folder; runs/... (git-ignored) stays on a machine kept warm between calls, so the same
+# command with trainer.resume=auto resumes a run stopped at TRAIN_TIMEOUT from its SIGTERM checkpoint
+run=${MINI_OF3_RUN:-/tmp/run}
+limit=${TRAIN_TIMEOUT:-400}; start=$SECONDS
+train() {
+  # ACCELERATE_ARGS replaces the launcher's options, e.g. "--config_file configs/accelerate/fsdp.yaml --num_processes 1"
+  timeout -k 15 "$1" accelerate launch \
+    ${ACCELERATE_ARGS:---num_processes 1 --num_machines 1 --mixed_precision bf16 --dynamo_backend no} train.py "$config" wandb=false data.root=.device/data/cache data.cache_dir=.device/data/cache \
+    trainer.max_steps="$steps" trainer.out_dir=$run trainer.checkpoint_every=100000 "${@:2}" >> "$OUT/train.log" 2>&1
+}
+train "$limit" "$@"; rc=$?
+echo "train rc=$rc"
+# MINI_OF3_FALLBACK: overrides to run again with (resuming) if the run failed for another reason than its time limit
+if [ -n "${MINI_OF3_FALLBACK:-}" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $((limit - SECONDS + start)) -gt 60 ]; then
+  grep -E "Error|error:" "$OUT/train.log" | tail -3
+  echo "== again with $MINI_OF3_FALLBACK" | tee -a "$OUT/train.log"
+  train $((limit - SECONDS + start)) "$@" $MINI_OF3_FALLBACK; echo "train rc=$?"
+fi
 cp $run/log.jsonl $run/config.yaml "$OUT/" 2>/dev/null; cp $run/*.png "$OUT/" 2>/dev/null
 python3 -m mini_of3.bench runs "$OUT" --names "$(basename "$config" .yaml)" \
   --command "bash benchmarks/device_train.sh $config $steps $*" --out "$OUT/train_summary.json" --plot "$OUT/run.png"

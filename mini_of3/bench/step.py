@@ -10,6 +10,7 @@ where one profiled step spent its GPU time (:func:`breakdown`).
 
     python -m mini_of3.bench step configs/crop384.yaml --crops 256,768 --arms mini_of3+cueq,cueq+cueq
     python -m mini_of3.bench step configs/crop384.yaml --tag compiled trainer.compile=true   (blocks compiled)
+    python -m mini_of3.bench step --arms mini_of3+mini_of3,mini_of3+mini_of3:reduce-overhead   (a compile mode per arm)
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from mini_of3.training.optim import build_optimizer
 
 DEFAULT_CONFIG = "configs/crop384.yaml"
 DEFAULT_ARMS = "mini_of3+mini_of3,mini_of3+cueq,cueq+cueq,trifast+cueq,of3_triton+cueq,cueq+mini_of3,mini_of3+torch"
+COMPILE_MODES = ("default", "reduce-overhead")      # an arm's optional ``:mode`` (trainer.compile_mode)
 SLOW_STEP_S = 10.0        # an arm whose warm-up step takes longer is not timed at this crop or any larger one
 CATEGORIES = ("triangle attention", "triangle multiplication", "GEMMs", "layer norms", "copies/casts",
               "diffusion module (fwd)", "pLDDT rollout", "optimizer", "other")
@@ -43,14 +45,22 @@ CATEGORIES = ("triangle attention", "triangle multiplication", "GEMMs", "layer n
 # arguments
 
 
+def split_arm(arm: str) -> tuple[str, str, str | None]:
+    """``attn+mul[:mode]`` -> (attn, mul, mode or None)."""
+    backends, _, mode = arm.partition(":")
+    attn, _, mul = backends.partition("+")
+    return attn, mul, mode or None
+
+
 def parse_arms(text: str) -> list[str]:
-    """``attn+mul,...`` -> the arm names, or one clear error line."""
+    """``attn+mul[:mode],...`` -> the arm names, or one clear error line."""
     arms = [a for a in text.split(",") if a]
     for arm in arms:
-        attn, _, mul = arm.partition("+")
-        if attn not in TRI_ATTN_BACKENDS or mul not in TRI_MUL_BACKENDS:
-            raise SystemExit(f"--arms: {arm!r} is not <tri_attn_backend>+<tri_mul_backend> with tri_attn_backend in "
-                             f"{TRI_ATTN_BACKENDS} and tri_mul_backend in {TRI_MUL_BACKENDS}")
+        attn, mul, mode = split_arm(arm)
+        if attn not in TRI_ATTN_BACKENDS or mul not in TRI_MUL_BACKENDS or mode not in (None, *COMPILE_MODES):
+            raise SystemExit(f"--arms: {arm!r} is not <tri_attn_backend>+<tri_mul_backend>[:compile mode] with "
+                             f"tri_attn_backend in {TRI_ATTN_BACKENDS}, tri_mul_backend in {TRI_MUL_BACKENDS} and "
+                             f"the mode in {COMPILE_MODES}")
     if not arms:
         raise SystemExit("--arms: no arm given")
     return arms
@@ -91,12 +101,12 @@ class Arm:
     """One backend pair: its model (the shared initial weights) and optimizer, and a training step."""
 
     def __init__(self, name: str, cfg, state: dict, device: torch.device) -> None:
-        attn, _, mul = name.partition("+")
+        attn, mul, mode = split_arm(name)
         self.name, self.cfg, self.device = name, cfg, device
         self.model = build_model(replace(cfg.model, tri_attn_backend=attn, tri_mul_backend=mul)).to(device)
         self.model.load_state_dict(state)
-        if cfg.trainer.compile:           # trainer.compile=true: the blocks compiled, as in training
-            compile_blocks(self.model, cfg.trainer.compile_mode)
+        if cfg.trainer.compile or mode:   # the blocks compiled, as in training (the arm's mode, else the config's)
+            compile_blocks(self.model, mode or cfg.trainer.compile_mode)
         self.optimizer, _ = build_optimizer(self.model, cfg.optim)
         self.slow_from: int | None = None          # the first crop at which a step took longer than SLOW_STEP_S
 

@@ -47,8 +47,15 @@ def test_only_the_named_crops_are_profiled(small_data, tmp_path):
     assert ["breakdown_ms" in r for r in rows] == [True, False]
 
 
+def test_an_arm_may_name_its_compile_mode():
+    assert step.split_arm("mini_of3+cueq:reduce-overhead") == ("mini_of3", "cueq", "reduce-overhead")
+    assert step.split_arm("mini_of3+cueq") == ("mini_of3", "cueq", None)
+    assert step.parse_arms("torch+torch,torch+torch:default") == ["torch+torch", "torch+torch:default"]
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--arms", "mini_of3+nope"], "--arms: 'mini_of3+nope'"),
+    (["--arms", "torch+torch:fast"], "--arms: 'torch+torch:fast'"),
     (["--crops", "256,x"], "--crops: expected"),
     (["--crops", "4"], "--crops: expected crop sizes"),
     (["configs/nope.yaml"], "config 'configs/nope.yaml' not found"),
