@@ -51,6 +51,9 @@ class DataConfig:
     sample_weighting: Literal["uniform", "length", "chains"] = "chains"
     samples_per_epoch: int | None = None     # examples per epoch over all ranks; None: one per training entry
     batch_size: int = 1
+    pad_to_crop: bool = False                # training batches padded to crop_size tokens: one input shape for
+                                             # every step, as CUDA graphs need (trainer.compile_mode=reduce-overhead
+                                             # records new graphs for each new shape)
     num_workers: int = 2
     parse_timeout_s: float = 120.0           # per mmCIF file when preparing data.root into data.cache_dir
 

@@ -176,7 +176,12 @@ class Trainer:
         (suppress_errors)."""
         import torch._dynamo
         torch._dynamo.config.suppress_errors = True
-        example = self._to_device(collate([self.loaders.train.dataset[(0, 0)]]))
+        data = self.cfg.data
+        example = self._to_device(collate([self.loaders.train.dataset[(0, 0)]],
+                                          n_tokens=data.crop_size if data.pad_to_crop else None))
+        if self.cfg.trainer.compile_mode == "reduce-overhead" and not data.pad_to_crop:
+            self.say("trainer.compile_mode=reduce-overhead records new CUDA graphs for every new crop length: "
+                     "data.pad_to_crop=true gives every step the same shape")
         try:
             compile_blocks(self.plain, self.cfg.trainer.compile_mode)
             with torch.random.fork_rng(devices=[]):

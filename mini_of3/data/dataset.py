@@ -7,6 +7,7 @@ examples it would have seen.
 """
 from __future__ import annotations
 
+import functools
 import signal
 import warnings
 from collections import OrderedDict
@@ -181,12 +182,16 @@ class ProteinDataset(Dataset):
         return out
 
 
-def collate(batch: list[dict]) -> dict:
-    """Stack examples, padding every token feature to the longest in the batch: 0 for values, False for masks
-    (``token_mask`` marks the real tokens). Strings become lists."""
+def collate(batch: list[dict], n_tokens: int | None = None) -> dict:
+    """Stack examples, padding every token feature to the longest in the batch, or to ``n_tokens`` when given: 0
+    for values, False for masks (``token_mask`` marks the real tokens). Strings become lists."""
     if not batch:
         raise ValueError("collate: empty batch")
     n_max = max(int(item["token_mask"].shape[0]) for item in batch)
+    if n_tokens is not None:
+        if n_max > n_tokens:
+            raise ValueError(f"collate: an example has {n_max} tokens, more than n_tokens={n_tokens}")
+        n_max = n_tokens
     out: dict = {}
     for name in FEATURE_NAMES:
         first = batch[0][name]
@@ -299,11 +304,13 @@ def _worker_init(_: int) -> None:
 
 
 def make_loader(dataset: ProteinDataset, sampler, batch_size: int, num_workers: int, *,
-                batch_sampler=None) -> DataLoader:
-    """A loader over ``sampler`` in batches of ``batch_size``, or over the given batches (``batch_sampler``)."""
+                batch_sampler=None, n_tokens: int | None = None) -> DataLoader:
+    """A loader over ``sampler`` in batches of ``batch_size``, or over the given batches (``batch_sampler``); with
+    ``n_tokens``, every batch is padded to that many tokens (:func:`collate`)."""
     batching = {"batch_sampler": batch_sampler} if batch_sampler is not None else \
         {"batch_size": batch_size, "sampler": sampler}
-    return DataLoader(dataset, **batching, collate_fn=collate, num_workers=num_workers,
+    return DataLoader(dataset, **batching, collate_fn=functools.partial(collate, n_tokens=n_tokens),
+                      num_workers=num_workers,
                       persistent_workers=num_workers > 0, pin_memory=torch.cuda.is_available(),
                       prefetch_factor=4 if num_workers > 0 else None,
                       worker_init_fn=_worker_init if num_workers > 0 else None)
@@ -344,7 +351,9 @@ def build_dataloaders(cfg: DataConfig, prepared: str | Path, seed: int, rank: in
     if cfg.train_eval_ids:
         train_eval, train_eval_real = _evaluation_loader(training_evaluation_set(prepared, cfg, train, seed), cfg,
                                                          rank, world_size)
-    return DataLoaders(train=make_loader(train, sampler, cfg.batch_size, cfg.num_workers), val=val,
+    train_loader = make_loader(train, sampler, cfg.batch_size, cfg.num_workers,
+                               n_tokens=cfg.crop_size if cfg.pad_to_crop else None)
+    return DataLoaders(train=train_loader, val=val,
                        train_sampler=sampler, val_real=val_real, train_eval=train_eval,
                        train_eval_real=train_eval_real)
 

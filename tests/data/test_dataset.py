@@ -39,6 +39,21 @@ def test_collate_pads_and_masks(prepared):
     assert not batch["resolved"][0, n:].any() and (batch["ca"][0, n:] == 0).all()
     assert torch.equal(batch["ca"][1], b["ca"]) and batch["pdb_id"] == [a["pdb_id"], b["pdb_id"]]
     assert batch["restype"].dtype == torch.int64 and batch["token_mask"].dtype == torch.bool
+    fixed = collate([a], n_tokens=150)                       # a fixed length, as data.pad_to_crop asks
+    assert fixed["ca"].shape == (1, 150, 3) and fixed["token_mask"][0].sum() == n
+    assert torch.equal(fixed["ca"][0, :n], a["ca"]) and not fixed["resolved"][0, n:].any()
+    with pytest.raises(ValueError, match="more than n_tokens=100"):
+        collate([a, b], n_tokens=100)
+
+
+def test_pad_to_crop_gives_every_training_batch_the_crop_length(prepared):
+    cfg = dataclasses.replace(CFG, crop_size=200, pad_to_crop=True, val_ids=["7ETN"])
+    loaders = build_dataloaders(cfg, prepared, seed=0)
+    loaders.train_sampler.set_epoch(0)
+    batches = [b for _, b in zip(range(6), loaders.train)]
+    assert {tuple(b["restype"].shape) for b in batches} == {(1, 200)}
+    assert any(b["token_mask"].sum() < 200 for b in batches)          # entries shorter than the crop are padded
+    assert all(b["restype"].shape[1] == b["token_mask"].sum() for b in loaders.val)   # validation is not padded
 
 
 def test_getitem_is_a_function_of_index_and_epoch(prepared):
