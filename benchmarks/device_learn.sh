@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 17's GPU runs as consecutive calls of this one command on a machine kept warm (its state lives in the
 # git-ignored runs/, which a warm machine keeps between calls); each phase is skipped once done:
-#   1. CUDA graphs or not: benchmarks/device_cuda_graphs.sh at crop 384 as the run trains (no checkpointing), once;
-#      it writes runs/compile_mode.
+#   1. CUDA graphs or not: trainer.compile_mode=reduce-overhead where the CUDA-graph test (bitwise against the
+#      default mode) passes, written to runs/compile_mode, once.
 #   2. the 49-entry run (benchmarks/device_train49.sh, MINUTES of training steps), resumed until they are spent.
 #   3. with the time left, the crop ablation (256, 384, 512, 768) and then the activation one at 384 (softmax,
 #      sigmoid), ABLATE_MINUTES of training steps per arm; an arm cut by the call's end resumes in the next call.
@@ -17,8 +17,10 @@ mkdir -p runs
 
 if [ ! -f runs/compile_mode ]; then
   echo "== phase 1: CUDA graphs or not ($(left) s left)"
-  MINI_OF3_STEP_LIMIT=200 bash benchmarks/device_cuda_graphs.sh "cg_$tag" 384 \
-    mini_of3+mini_of3,mini_of3+mini_of3:reduce-overhead model.checkpointing=false 2>&1 | tail -12
+  source benchmarks/device_env.sh > /dev/null
+  timeout 240 python3 -m pytest -q -x tests/model/test_compiled.py -k cuda_graph -p no:cacheprovider 2>&1 | tail -4
+  if [ "${PIPESTATUS[0]}" -eq 0 ]; then echo reduce-overhead > runs/compile_mode; else echo default > runs/compile_mode; fi
+  echo "compile mode: $(cat runs/compile_mode)"
 fi
 
 if [ ! -f runs/train49.done ] && [ "$(left)" -gt 120 ]; then
