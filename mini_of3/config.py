@@ -118,8 +118,9 @@ class OptimConfig:
 class TrainerConfig:
     """The loop: steps, run folder, resume, checkpoints, validation, precision (trainer.py)."""
     max_steps: int = 200
-    max_minutes: float | None = None         # also stop once the training steps (not validation or checkpoints) have
-                                             # taken this long, with a final validation and checkpoint; kept on resume
+    max_minutes: float | None = None         # also stop once the training steps (not validation, checkpoints or
+                                             # torch.compile's compiling) have taken this long, with a final
+                                             # validation and checkpoint; kept on resume
     out_dir: str = "runs/default"
     resume: str = "auto"                     # auto | never | PATH (a run folder or one checkpoint folder)
     checkpoint_every: int = 50

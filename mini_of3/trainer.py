@@ -37,6 +37,7 @@ from .losses import SIGMA_BIN_NAMES, compute_losses, diffusion_loss_by_sigma, ro
 from .model import build_model
 from .model.compiled import compile_blocks, uncompile_blocks
 from .training import checkpoint as ckpt
+from .training.compile_clock import compile_seconds
 from .training.ema import EMA
 from .training.optim import build_optimizer, derived_seed, recycles_for_step
 from .training.plots import plot_run
@@ -102,7 +103,7 @@ class Trainer:
         self.module_params = module_parameters(self.plain)
         self.step, self.epoch, self.consumed = 0, 0, 0       # data position: sampler epoch, examples this rank used
         self.nonfinite_total, self.nonfinite_in_row = 0, 0
-        self.train_s = 0.0                                   # seconds spent in training steps (trainer.max_minutes)
+        self.train_s = 0.0                                   # seconds in training steps, compiling left out
         self.out_of_time = False                             # train_s reached trainer.max_minutes (_check_time)
         self.best: dict | None = None                        # {"step", "lddt_ca"} of the best validation
         self.first_val: dict | None = None
@@ -273,8 +274,8 @@ class Trainer:
                 self._save(val)
 
     def _check_time(self) -> None:
-        """Set ``out_of_time`` once the training steps have taken ``trainer.max_minutes`` (validation and
-        checkpoints do not count). Every process measures its own steps, so with several the slowest decides (one
+        """Set ``out_of_time`` once the training steps have taken ``trainer.max_minutes`` (validation, checkpoints
+        and compiling do not count: ``train_s``). Every process measures its own steps, so with several the slowest decides (one
         all-reduce per step): all stop after the same step."""
         budget = self.cfg.trainer.max_minutes
         if budget is None:
@@ -322,7 +323,7 @@ class Trainer:
     def _train_step(self) -> None:
         """Forward, backward (accumulated over ``grad_accum`` micro-batches), reduce, clip, update, log."""
         cfg, t = self.cfg, self.cfg.trainer
-        started, step = time.perf_counter(), self.step
+        started, compiled_before, step = time.perf_counter(), compile_seconds(), self.step
         self.watchdog.beat(f"training step {step + 1}")
         ckpt.fault_point("step", step + 1, self.rank)
         recycles = recycles_for_step(cfg.seed, step, cfg.model.n_recycles)
@@ -364,7 +365,8 @@ class Trainer:
                "grad_norm": grad_norm, **module_norms, **diagnostics, "recycles": recycles, "epoch": self.epoch,
                "ids": self._global_ids(ids), "step_s": time.perf_counter() - started, "data_s": data_s,
                "skipped": not finite}
-        self.train_s += row["step_s"]
+        row["compile_s"] = min(compile_seconds() - compiled_before, row["step_s"])
+        self.train_s += row["step_s"] - row["compile_s"]                 # what trainer.max_minutes counts
         row["train_s"] = self.train_s
         if self.acc.device.type == "cuda":     # since the last validation, which resets it (see _validate)
             row["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.acc.device) / 2 ** 30

@@ -96,6 +96,19 @@ def test_a_time_budget_ends_the_run_with_a_validation_and_a_checkpoint_and_holds
     assert more.step == 2 and log_rows(out)[-1]["train_s"] > result.train_s
 
 
+def test_the_time_budget_leaves_out_compiling(small_data, tmp_path, monkeypatch):
+    """A step whose time went to torch.compile (here the clock says the first step compiled for an hour) adds only
+    its time outside compiling to train_s; the 6-ms budget then ends the run after the second step, not the first."""
+    hours = iter([0.0, 3600.0])
+    monkeypatch.setattr(trainer_module, "compile_seconds", lambda: next(hours, 3600.0))
+    out = tmp_path / "compiled"
+    result = train(tiny_config(small_data, out, trainer__max_steps=1000, trainer__max_minutes=1e-4))
+    first, second = log_rows(out)
+    assert first["compile_s"] == first["step_s"] and first["train_s"] == 0.0
+    assert second["compile_s"] == 0.0 and second["train_s"] == second["step_s"] == result.train_s
+    assert result.step == 2
+
+
 def test_resume_never_refuses_a_folder_with_checkpoints(reference_run, small_data):
     with pytest.raises(TrainingError, match="trainer.resume=never but .* already holds checkpoints"):
         train(tiny_config(small_data, reference_run, trainer__resume="never"))

@@ -12,6 +12,7 @@ import torch
 
 from mini_of3.config import OptimConfig
 from mini_of3.training import checkpoint as ckpt
+from mini_of3.training.compile_clock import compile_seconds
 from mini_of3.training.ema import EMA
 from mini_of3.training.optim import build_optimizer, derived_seed, lr_factor, recycles_for_step
 from mini_of3.training.plots import plot_run
@@ -35,6 +36,19 @@ def test_lr_schedule_is_af3s_warmup_then_step_decay():
         scheduler.step()
     assert lrs == pytest.approx([5e-4, 1e-3, 1.5e-3, 2e-3, 2e-3, 2e-3])
     assert optimizer.param_groups[0]["betas"] == (0.8, 0.9)
+
+
+def test_compile_clock_counts_the_compiling_of_forward_and_backward_once():
+    """The first call of a compiled function compiles its forward and, in the backward, its backward graph; the
+    second call of the same shapes compiles nothing."""
+    layer = torch.nn.Linear(4, 4)
+    fn = torch.compile(lambda x: torch.sin(layer(x)).sum())
+    before = compile_seconds()
+    fn(torch.randn(3, 4)).backward()
+    first = compile_seconds() - before
+    before = compile_seconds()
+    fn(torch.randn(3, 4)).backward()
+    assert first > 0.05 and compile_seconds() - before == 0.0
 
 
 def test_recycles_depend_only_on_seed_and_step():
