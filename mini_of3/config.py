@@ -82,6 +82,8 @@ class ModelConfig:
     diffusion_heads: int = 8
     c_token: int = 256                       # diffusion transformer width
     sigma_data: float = 16.0
+    noise_p_mean: float = -1.2               # training noise levels sigma = sigma_data exp(p_mean + p_std N(0, 1)),
+    noise_p_std: float = 1.5                 # AF3 SI 3.7.1 (median sigma 4.8 A)
     diffusion_samples: int = 48              # noise levels / augmentations per structure per step, as AF3 (with 8, a
                                              # model overfit on 1L2Y denoised sigma >= 160 A to 4.5 A RMSD, with 32 to 1)
     sampling_steps: int = 50
@@ -274,6 +276,7 @@ def _validate(cfg: Config) -> None:
     _check(m.c_hidden_tri in (16, 32, 64, 128), "model.c_hidden_tri", m.c_hidden_tri, "one of 16, 32, 64, 128")
     _check(0.0 <= m.pair_dropout < 1.0, "model.pair_dropout", m.pair_dropout, "a number in [0, 1)")
     _check(m.sampling_steps >= 1, "model.sampling_steps", m.sampling_steps, ">= 1")
+    _check(m.noise_p_std > 0, "model.noise_p_std", m.noise_p_std, "> 0")
     _check(o.lr > 0, "optim.lr", o.lr, "> 0")
     _check(len(o.betas) == 2 and all(0.0 <= b < 1.0 for b in o.betas), "optim.betas", o.betas,
            "two numbers in [0, 1)")

@@ -16,9 +16,11 @@ def randn(shape, generator: torch.Generator | None, device, dtype=torch.float32)
 
 
 def training_noise_levels(shape, sigma_data: float, generator: torch.Generator | None, device,
-                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """AF3's training noise distribution (SI 3.7.1): sigma = sigma_data * exp(-1.2 + 1.5 N(0, 1))."""
-    return sigma_data * torch.exp(-1.2 + 1.5 * randn(shape, generator, device, dtype))
+                          dtype: torch.dtype = torch.float32, p_mean: float = -1.2, p_std: float = 1.5
+                          ) -> torch.Tensor:
+    """AF3's training noise distribution (SI 3.7.1): sigma = sigma_data * exp(p_mean + p_std N(0, 1)), with AF3's
+    p_mean = -1.2 and p_std = 1.5 by default."""
+    return sigma_data * torch.exp(p_mean + p_std * randn(shape, generator, device, dtype))
 
 
 def noise_schedule(steps: int, sigma_data: float, s_max: float = 160.0, s_min: float = 4e-4, p: float = 7.0,

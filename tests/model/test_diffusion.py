@@ -27,6 +27,9 @@ def test_training_noise_levels_are_log_normal_as_af3():
     sigma = training_noise_levels((20000,), 16.0, torch.Generator().manual_seed(0), "cpu")
     log = torch.log(sigma / 16.0)
     assert float(log.mean()) == pytest.approx(-1.2, abs=0.03) and float(log.std()) == pytest.approx(1.5, abs=0.03)
+    shifted = training_noise_levels((20000,), 16.0, torch.Generator().manual_seed(0), "cpu", p_mean=-0.4, p_std=1.0)
+    log = torch.log(shifted / 16.0)                        # model.noise_p_mean / noise_p_std
+    assert float(log.mean()) == pytest.approx(-0.4, abs=0.03) and float(log.std()) == pytest.approx(1.0, abs=0.03)
 
 
 def test_random_rotations_are_proper_and_uniform():

@@ -126,6 +126,7 @@ def test_training_on_the_validation_entries_needs_the_homology_filter_off():
 @pytest.mark.parametrize("override, expected", [
     ("trainer.max_minutes=0", "trainer.max_minutes: got 0.0, expected > 0 or null"),
     ("data.val_crop_size=0", "data.val_crop_size: got 0, expected >= 1 or null"),
+    ("model.noise_p_std=0", "model.noise_p_std: got 0.0, expected > 0"),
 ])
 def test_time_budget_and_validation_crop_are_checked(override, expected):
     with pytest.raises(ConfigError, match=expected.replace(".", r"\.")):
