@@ -3,8 +3,8 @@
 
 One arm per crop: the same model from the same seed, trained by the real trainer (:class:`mini_of3.trainer.Trainer`)
 with ``data.crop_size`` = the arm's crop, for the same budget: ``--minutes M`` of training steps per arm
-(``trainer.max_minutes``: validation, checkpoints and compiling do not count) or ``--steps S`` (without either, the config's
-own ``trainer.max_steps`` / ``trainer.max_minutes``). Every arm validates on the same tokens: the config's
+(``trainer.max_minutes``: validation, checkpoints and compiling do not count) or ``--steps S`` (without either, the
+config's own ``trainer.max_steps`` / ``trainer.max_minutes``). Every arm validates on the same tokens: the config's
 validation entries cropped to ``--val-crop`` (768) tokens whatever the training crop (``data.val_crop_size``), so an
 entry of up to 768 tokens is validated whole. Each run validates its untrained model at step 0 (same seed, same
 entries, so the same for every arm of one model); the first arm's is the baseline (``impl`` "untrained").

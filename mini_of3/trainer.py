@@ -275,8 +275,8 @@ class Trainer:
 
     def _check_time(self) -> None:
         """Set ``out_of_time`` once the training steps have taken ``trainer.max_minutes`` (validation, checkpoints
-        and compiling do not count: ``train_s``). Every process measures its own steps, so with several the slowest decides (one
-        all-reduce per step): all stop after the same step."""
+        and compiling do not count: ``train_s``). Every process measures its own steps, so with several the slowest
+        decides (one all-reduce per step): all stop after the same step."""
         budget = self.cfg.trainer.max_minutes
         if budget is None:
             return

@@ -99,8 +99,8 @@ class MiniOF3(nn.Module):
         resolved = batch["resolved"] & mask
         x = batch["ca"].to(dtype)[:, None].expand(B, S, N, 3)
         x = centre_random_augmentation(x, resolved, generator)
-        sigma = training_noise_levels((B, S), cfg.sigma_data, generator, z.device, dtype, cfg.noise_p_mean,
-                                      cfg.noise_p_std)
+        sigma = training_noise_levels((B, S), cfg.sigma_data, cfg.noise_p_mean, cfg.noise_p_std, generator,
+                                      z.device, dtype)
         x_noisy = x + sigma[:, :, None, None] * randn((B, S, N, 3), generator, z.device, dtype)
         # unresolved targets are placeholders at the centre: no chain bond to or through them
         train_context = {**context, "interior": chain_interior(batch["residue_index"], batch["asym_id"], resolved)}

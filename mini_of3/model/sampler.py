@@ -15,11 +15,10 @@ def randn(shape, generator: torch.Generator | None, device, dtype=torch.float32)
     return torch.randn(shape, generator=generator, device=draw_on, dtype=dtype).to(device)
 
 
-def training_noise_levels(shape, sigma_data: float, generator: torch.Generator | None, device,
-                          dtype: torch.dtype = torch.float32, p_mean: float = -1.2, p_std: float = 1.5
-                          ) -> torch.Tensor:
-    """AF3's training noise distribution (SI 3.7.1): sigma = sigma_data * exp(p_mean + p_std N(0, 1)), with AF3's
-    p_mean = -1.2 and p_std = 1.5 by default."""
+def training_noise_levels(shape, sigma_data: float, p_mean: float, p_std: float, generator: torch.Generator | None,
+                          device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """AF3's training noise distribution (SI 3.7.1): sigma = sigma_data * exp(p_mean + p_std N(0, 1)); AF3's p_mean
+    and p_std are ``ModelConfig``'s defaults (-1.2, 1.5)."""
     return sigma_data * torch.exp(p_mean + p_std * randn(shape, generator, device, dtype))
 
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from mini_of3.config import ModelConfig
 from mini_of3.metrics import rmsd_kabsch, superpose
 from mini_of3.model import build_model, diffusion
 from mini_of3.model.diffusion import FourierEmbedding, chain_binormals, chain_interior
@@ -24,10 +25,12 @@ def test_noise_schedule_matches_af3():
 
 
 def test_training_noise_levels_are_log_normal_as_af3():
-    sigma = training_noise_levels((20000,), 16.0, torch.Generator().manual_seed(0), "cpu")
+    af3 = ModelConfig()                                   # the defaults are AF3's
+    sigma = training_noise_levels((20000,), 16.0, af3.noise_p_mean, af3.noise_p_std, torch.Generator().manual_seed(0),
+                                  "cpu")
     log = torch.log(sigma / 16.0)
     assert float(log.mean()) == pytest.approx(-1.2, abs=0.03) and float(log.std()) == pytest.approx(1.5, abs=0.03)
-    shifted = training_noise_levels((20000,), 16.0, torch.Generator().manual_seed(0), "cpu", p_mean=-0.4, p_std=1.0)
+    shifted = training_noise_levels((20000,), 16.0, -0.4, 1.0, torch.Generator().manual_seed(0), "cpu")
     log = torch.log(shifted / 16.0)                        # model.noise_p_mean / noise_p_std
     assert float(log.mean()) == pytest.approx(-0.4, abs=0.03) and float(log.std()) == pytest.approx(1.0, abs=0.03)
 
