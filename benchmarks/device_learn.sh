@@ -6,6 +6,8 @@
 #   2. the 49-entry run (benchmarks/device_train49.sh, MINUTES of training steps), resumed until they are spent.
 #   3. with the time left, the crop ablation (256, 384, 512, 768) and then the activation one at 384 (softmax,
 #      sigmoid), ABLATE_MINUTES of training steps per arm; an arm cut by the call's end resumes in the next call.
+#      Crops are padded to the arm's crop (data.pad_to_crop): one input shape per arm, so each arm compiles and
+#      autotunes once (unpadded, the first arm met every entry's length first and spent 22 steps' budget on it).
 # PHASES names the phases to run (default graphs,train49,ablate). Everything under $OUT is packed into one
 # learn_<TAG>.tgz (a call returns at most 8 files). Carry .device.
 #   MINI_OF3_COMMIT=<hash> [PHASES=...] [MINUTES=9] [VAL_EVERY=500] [ABLATE_MINUTES=1] \
@@ -37,7 +39,8 @@ source benchmarks/device_env.sh > /dev/null
 if [[ $phases == *,ablate,* ]] && { [ -f runs/train49.done ] || [[ $phases != *,train49,* ]]; } \
   && [ "$(left)" -gt 100 ]; then
   common="data.root=.device/data/cache data.cache_dir=.device/data/cache wandb=false data.val_ids=[1AKI,3O5R]
-    data.sample_weighting=uniform data.min_resolved_fraction=0.5 data.num_workers=6 trainer.val_samples=3"
+    data.sample_weighting=uniform data.min_resolved_fraction=0.5 data.pad_to_crop=true data.num_workers=6
+    trainer.val_samples=3"
   echo "== phase 3: crop ablation ($(left) s left)"
   timeout -k 20 $(($(left) - 30)) python3 -m mini_of3.ablate crops configs/crop384.yaml --crops 256,384,512,768 \
     --minutes "${ABLATE_MINUTES:-1}" --out "$OUT" --tag gpu $common > "$OUT/ablate_crops.txt" 2>&1
@@ -67,6 +70,9 @@ for r in rows:
               f"pLDDT {r.get('mean_plddt', 0):.1f}")
 PY
 cp runs/train49/log.jsonl "$OUT/train49_log.jsonl" 2>/dev/null
+for log in runs/ablate_*_gpu/*/log.jsonl; do
+  [ -f "$log" ] && arm=${log%/log.jsonl} && cp "$log" "$OUT/$(basename "$(dirname "$arm")")_$(basename "$arm")_log.jsonl"
+done
 (cd "$OUT" && tar czf "learn_$tag.tgz" --exclude "learn_$tag.tgz" . && find . -type f ! -name "learn_$tag.tgz" -delete \
   && find . -mindepth 1 -type d -empty -delete)
 ls -la "$OUT"
