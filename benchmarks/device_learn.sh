@@ -70,8 +70,9 @@ for r in rows:
               f"pLDDT {r.get('mean_plddt', 0):.1f}")
 PY
 cp runs/train49/log.jsonl "$OUT/train49_log.jsonl" 2>/dev/null
+# each ablation arm's log: runs/ablate_crops_gpu/crop256/log.jsonl -> ablate_crops_gpu_crop256_log.jsonl
 for log in runs/ablate_*_gpu/*/log.jsonl; do
-  [ -f "$log" ] && arm=${log%/log.jsonl} && cp "$log" "$OUT/$(basename "$(dirname "$arm")")_$(basename "$arm")_log.jsonl"
+  [ -f "$log" ] && cp "$log" "$OUT/$(echo "${log#runs/}" | tr / _)"
 done
 (cd "$OUT" && tar czf "learn_$tag.tgz" --exclude "learn_$tag.tgz" . && find . -type f ! -name "learn_$tag.tgz" -delete \
   && find . -mindepth 1 -type d -empty -delete)

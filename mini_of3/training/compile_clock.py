@@ -6,7 +6,9 @@ at crop 256 took 46.7 s on the H200 (default mode, the blocks and the sampler st
 a budget of 0.75 minutes trained one step. Dynamo times each frame it compiles under ``_compile.compile_inner``
 (tracing and the forward graph's inductor compile) and the lazy compile of a backward graph, which runs inside the
 first backward, under ``backward._backward_impl``; their sum is the compile time. Recording CUDA graphs
-(``trainer.compile_mode=reduce-overhead``) and autotuning kernels on first use are not compilation and still count.
+(``trainer.compile_mode=reduce-overhead``), compiling and autotuning the Triton kernels of ``mini_of3.kernels`` on
+their first call for a new size are outside dynamo and still count: a run whose crops take many sizes pays them
+once per size (``data.pad_to_crop=true`` gives one).
 """
 from __future__ import annotations
 
