@@ -103,6 +103,7 @@ class Arm:
     def __init__(self, name: str, cfg, state: dict, device: torch.device) -> None:
         attn, mul, mode = split_arm(name)
         self.name, self.cfg, self.device = name, cfg, device
+        self.cuda_graphs = (mode or (cfg.trainer.compile_mode if cfg.trainer.compile else None)) == "reduce-overhead"
         self.model = build_model(replace(cfg.model, tri_attn_backend=attn, tri_mul_backend=mul)).to(device)
         self.model.load_state_dict(state)
         if cfg.trainer.compile or mode:   # the blocks compiled, as in training (the arm's mode, else the config's)
@@ -113,6 +114,10 @@ class Arm:
     def step(self, batch: dict) -> float:
         """One training step (same dropout masks and diffusion noise for every arm); returns the loss."""
         cuda = self.device.type == "cuda"
+        if self.cuda_graphs:
+            # each step a new generation of the CUDA graph trees: interleaved arms otherwise leave another arm's
+            # memory behind each step, and the graphs re-record (5-11 s steps at 256-512, step_ro2/ro3)
+            torch.compiler.cudagraph_mark_step_begin()
         self.model.train()
         torch.manual_seed(self.cfg.seed)
         generator = torch.Generator(self.device).manual_seed(self.cfg.seed)
