@@ -9,6 +9,8 @@ stacks call ``run_block`` inside activation checkpointing, so the recomputation 
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -19,6 +21,14 @@ from mini_of3.model.sampler import edm_step
 # variant once crops of a second size arrive; a benchmark holds several backends' blocks in one process. Dynamo's
 # default of 8 graphs per function ran out in ``bench step`` with two arms (the rest of the run fell back to eager).
 RECOMPILE_LIMIT = 64
+
+# CUDA graph trees (torch 2.11) fail on blocks recomputed by non-reentrant activation checkpointing: a training step
+# raised "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run" (bench step, crop384
+# model, H100, run ro1); pytorch/pytorch#154306.
+CUDA_GRAPHS_WITH_CHECKPOINTING = (
+    "trainer.compile_mode=reduce-overhead does not work with model.checkpointing=true (CUDA graph trees cannot "
+    "replay blocks that activation checkpointing recomputes, pytorch/pytorch#154306): compiling in the default mode. "
+    "Set model.checkpointing=false for CUDA graphs where the activations fit (crop 256-512 on an 80 GB GPU).")
 
 
 def run_block(block: nn.Module, *inputs):
@@ -40,13 +50,16 @@ def compile_blocks(model: nn.Module, mode: str = "default") -> list[nn.Module]:
     diffusion module a compiled sampler step; returns the stacks. Shapes are dynamic after the first recompilation
     (crops of other sizes reuse the graph). ``mode`` is torch.compile's: "reduce-overhead" records each graph as a
     CUDA graph and replays it (one launch instead of the graph's kernels one by one; on the CPU it compiles as
-    "default")."""
+    "default"); with activation checkpointing on, it warns and compiles as "default"."""
     import torch._dynamo.config as dynamo_config
+    stacks = [m for m in model.modules() if hasattr(m, "run_block")]
+    if mode == "reduce-overhead" and any(getattr(stack, "checkpointing", False) for stack in stacks):
+        warnings.warn(CUDA_GRAPHS_WITH_CHECKPOINTING, stacklevel=2)
+        mode = "default"
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
     compiled, step = torch.compile(run_block, mode=mode), torch.compile(run_sampler_step, mode=mode)
     if mode == "reduce-overhead":
         compiled, step = _copied_out_without_grad(compiled), _copied_out_without_grad(step)
-    stacks = [m for m in model.modules() if hasattr(m, "run_block")]
     for stack in stacks:
         _set(stack, compiled)
     for denoiser in (m for m in model.modules() if hasattr(m, "run_sampler_step")):

@@ -89,6 +89,20 @@ def test_compile_blocks_sets_and_uncompile_restores_every_stack(mode, monkeypatc
     assert model.diffusion.run_sampler_step is run_sampler_step
 
 
+def test_cuda_graphs_with_activation_checkpointing_warn_and_compile_in_the_default_mode(monkeypatch):
+    """reduce-overhead on checkpointed stacks (CUDA graph trees cannot replay a recomputed block) falls back to the
+    default mode with one warning; without checkpointing the mode is kept."""
+    modes = []
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: modes.append(kw.get("mode")) or real_compile(fn, **kw))
+    with pytest.warns(UserWarning, match="model.checkpointing=false"):
+        compile_blocks(build_model(tiny_config(checkpointing=True)), "reduce-overhead")
+    assert modes == ["default", "default"]
+    modes.clear()
+    compile_blocks(build_model(tiny_config(checkpointing=False)), "reduce-overhead")
+    assert modes == ["reduce-overhead", "reduce-overhead"]
+
+
 @pytest.mark.parametrize("backend", ["torch", "mini_of3"])
 def test_a_sampler_step_compiles_to_one_graph_and_samples_as_eager(backend):
     """The pLDDT rollout's sampler step (augmentation, the denoiser with its transformer blocks, the update) is one
