@@ -73,6 +73,7 @@ class ModelConfig:
     tri_attn_backend: Literal["auto", "mini_of3", "torch", "trifast", "cueq", "of3_triton"] = "auto"
     tri_mul_backend: Literal["auto", "mini_of3", "torch", "cueq"] = "auto"   # auto = torch
     tri_attn_activation: Literal["softmax", "sigmoid"] = "softmax"
+    tri_attn_fused_gate: bool = True          # our backends apply the gate inside the kernels (false: in PyTorch)
     checkpointing: bool = True               # activation checkpointing per Pairformer block
     distogram_bins: int = 64
     distogram_min: float = 2.0

@@ -63,7 +63,8 @@ def make_model_inputs(n: int, d: int, heads: int, seed: int, node: str, device: 
     tokens = torch.ones(1, n, dtype=torch.bool, device=device)
     tokens[:, n - max(1, n // 16):] = False
     with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
-        q, k, v, _, bias, mask = layer.attention_inputs(z, tokens[:, :, None] & tokens[:, None, :])
+        qkvg, bias, mask = layer.attention_inputs(z, tokens[:, :, None] & tokens[:, None, :])
+    q, k, v, _ = qkvg.unbind(3)
     do = torch.randn(q.shape, device=device).to(q.dtype)
     return q, k, v, bias, mask, do
 

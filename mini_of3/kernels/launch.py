@@ -1,7 +1,8 @@
 """The launch layer of the fused triangle attention: tiles, algorithm choices, the autotune cache and the launchers.
 
-    forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp) -> o, lse
-    backward(do, q, k, v, bias, key_bias, o, lse, sigmoid, scale, split_ds, fast_exp) -> dq, dk, dv, dbias
+    forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp, gate=None) -> o, lse
+    backward(do, q, k, v, bias, key_bias, o, lse, sigmoid, scale, split_ds, fast_exp, gate=None, grads=None)
+        -> dq, dk, dv, dbias
 
 Tiles (``LaunchConfig``) are autotuned on the GPU, per kernel and shape bucket, and fixed under the interpreter, with
 ``MINI_OF3_AUTOTUNE=0`` or inside ``with launch_config(...)``. Algorithm choices (``Algorithm``: the hi+lo split of dS,
@@ -268,53 +269,79 @@ def _key_bias_args(key_bias: torch.Tensor | None, fallback: torch.Tensor) -> tup
     return key_bias, key_bias.stride()
 
 
-def forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: bool, fast_exp: bool):
-    """o [B, I, J, H, D], and for a backward (``residuals``, softmax) lse [B, H, I, J] (else an empty tensor)."""
+def forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: bool, fast_exp: bool, gate=None):
+    """o [B, I, J, H, D] (given the gate g, with q's strides: sigmoid(g) * o), and for a backward (``residuals``,
+    softmax) lse [B, H, I, J] (else an empty tensor)."""
     B, I, J, H, D = q.shape
     config = current_config(D)
     o = _new((B, I, J, H, D), q.dtype, q.device)
     store_lse = residuals and not sigmoid
     lse = _new((B, H, I, J), torch.float32, q.device) if store_lse else o.new_empty(0, dtype=torch.float32)
     kb_arg, kb_strides = _key_bias_args(key_bias, q)
-    args = (q, k, v, bias, kb_arg, o, lse if lse.numel() else o,
+    _check_gate(gate, q)
+    args = (q, k, v, bias, kb_arg, o, lse if lse.numel() else o, q if gate is None else gate,
             *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *o.stride(), B, I, J, H, scale)
     flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, STORE_LSE=store_lse, FAST_EXP=fast_exp,
-                 DOT_PREC=_dot_precision(q.dtype), BLOCK_D=D)
+                 DOT_PREC=_dot_precision(q.dtype), BLOCK_D=D, GATED=gate is not None)
     fixed = triton.Config({"BLOCK_J": config.fwd_block_j, "BLOCK_K": config.fwd_block_k},
                           num_warps=config.fwd_warps, num_stages=config.fwd_stages)
     _launch("fwd", K._fwd, _fwd_configs(D), fixed, lambda meta: (B * I * H * triton.cdiv(J, meta["BLOCK_J"]),),
-            args, _bucket(J), flags)
+            args, _bucket(J), flags, ("GATED",))
     return o, lse
 
 
-def backward(do, q, k, v, bias, key_bias, o, lse, sigmoid: bool, scale: float, split_ds: bool, fast_exp: bool):
-    """dq, dk, dv [B, I, J, H, D] and dbias [B, H, J, K] (in the bias's dtype): _bwd_dq, _bwd_dbias, _bwd_dkdv."""
+def _check_gate(gate, q) -> None:
+    """The kernels read the gate with q's strides: both must be views of one projection (or alike)."""
+    if gate is not None and (gate.shape != q.shape or gate.stride() != q.stride() or gate.dtype != q.dtype):
+        raise ValueError(f"triangle attention: the gate must have q's shape, strides and dtype, got "
+                         f"{tuple(gate.shape)} {gate.stride()} {gate.dtype} against {tuple(q.shape)} {q.stride()} "
+                         f"{q.dtype}")
+
+
+def backward(do, q, k, v, bias, key_bias, o, lse, sigmoid: bool, scale: float, split_ds: bool, fast_exp: bool,
+             gate=None, grads=None):
+    """dq, dk, dv [B, I, J, H, D] and dbias [B, H, J, K] (in the bias's dtype): _bwd_dq, _bwd_dbias, _bwd_dkdv.
+
+    Given the gate g (the forward's ``gate``), o is the gated output and do its gradient; dg is written too, so
+    ``grads`` must then hold the four outputs (dq, dk, dv, dg), views of one buffer with dq's strides alike (the
+    gradient of the packed projection; nothing is stacked afterwards). Without a gate ``grads`` may be None."""
     B, I, J, H, D = q.shape
     config = current_config(D)
     device = q.device
     kb_arg, kb_strides = _key_bias_args(key_bias, q)
+    _check_gate(gate, q)
+    if grads is None and gate is not None:
+        raise ValueError("triangle attention: a gated backward writes dg, so it needs grads = (dq, dk, dv, dg)")
+    if grads is not None and len({t.stride() for t in grads}) != 1:
+        raise ValueError(f"triangle attention: dq, dk, dv, dg must share strides, got {[t.stride() for t in grads]}")
     if sigmoid:   # no row statistics: any float32 tensor stands in (never read)
         delta = lse = q.new_empty(1, dtype=torch.float32)
     else:         # written by the dQ kernel, exactly, for the dbias and dK/dV kernels
         delta = _new((B, H, I, J), torch.float32, device)
-    common = (q, k, v, bias, kb_arg, do, lse, delta)
-    strides = (*q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *do.stride())
-    flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, DOT_PREC=_dot_precision(q.dtype), BLOCK_D=D,
-                 FAST_EXP=fast_exp)
-
-    dq = _new((B, I, J, H, D), q.dtype, device)
-    dq_args = (q, k, v, bias, kb_arg, do, o, lse, delta, dq, *strides, *o.stride(), *dq.stride(), B, I, J, H, scale)
+    dq = _new((B, I, J, H, D), q.dtype, device) if grads is None else grads[0]
+    do_attn = do if gate is None else _new(o.shape, o.dtype, device)        # the gated path's dO, o's strides
+    if gate is not None and do_attn.stride() != o.stride():
+        raise ValueError(f"triangle attention: the gated output must be contiguous, got strides {o.stride()}")
+    dq_args = (q, k, v, bias, kb_arg, do, o, lse, delta, dq, q if gate is None else gate,
+               dq if gate is None else grads[3], do_attn,
+               *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *do.stride(), *o.stride(),
+               *dq.stride(), B, I, J, H, scale)
     dq_fixed = triton.Config({"BLOCK_J": config.dq_block_j, "BLOCK_K": config.dq_block_k, "ROWS": config.dq_rows},
                              num_warps=config.dq_warps, num_stages=config.dq_stages)
+    flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, DOT_PREC=_dot_precision(q.dtype), BLOCK_D=D,
+                 FAST_EXP=fast_exp)
     _launch("dq", K._bwd_dq, _dq_configs(D), dq_fixed,
             lambda meta: (B * triton.cdiv(I, meta["ROWS"]) * H * triton.cdiv(J, meta["BLOCK_J"]),), dq_args,
-            _bucket(J), dict(flags, SPLIT_DS=split_ds), ("SPLIT_DS",))
+            _bucket(J), dict(flags, SPLIT_DS=split_ds, GATED=gate is not None), ("SPLIT_DS", "GATED"))
 
+    # the dbias and dK/dV kernels see the attention's own dO
+    common = (q, k, v, bias, kb_arg, do_attn, lse, delta)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *do_attn.stride())
     dbias = _dbias(common, strides, flags, q, bias, scale, config)
 
     # dk, dv after dbias, so that the dbias chunk partials are freed before they are allocated
-    dk = _new((B, I, J, H, D), q.dtype, device)
-    dv = _new((B, I, J, H, D), q.dtype, device)
+    dk = _new((B, I, J, H, D), q.dtype, device) if grads is None else grads[1]
+    dv = _new((B, I, J, H, D), q.dtype, device) if grads is None else grads[2]
     dkdv_fixed = triton.Config({"BLOCK_J": config.dkdv_block_j, "BLOCK_K": config.dkdv_block_k,
                                 "PREFETCH": config.dkdv_prefetch},
                                num_warps=config.dkdv_warps, num_stages=config.dkdv_stages)

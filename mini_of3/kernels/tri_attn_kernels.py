@@ -8,10 +8,13 @@ keys plus beta_i / scale). J_BUCKET (the next power of two of J) is unused by th
 
 The default path, in launch order (launch.py):
     _fwd         grid: one program per (query tile, head, row i, batch), query tile fastest.
-                 reads q, k, v, bias, key term; writes o and, when a backward follows (softmax), lse.
+                 reads q, k, v, bias, key term (GATED: g); writes o (GATED: sigmoid(g) * o) and, when a backward
+                 follows (softmax), lse.
     _bwd_dq      grid: one program per (query tile, head, ROWS rows i, batch); ROWS rows share each bias tile load.
                  reads q, k, v, bias, key term, dO, and for softmax o and lse; writes dq and, for softmax, the exact
-                 delta = rowsum(p * dP) / rowsum(p), which _bwd_dbias and _bwd_dkdv read.
+                 delta = rowsum(p * dP) / rowsum(p), which _bwd_dbias and _bwd_dkdv read. GATED: dO is the gradient
+                 of the gated output and o the gated output; it also reads g and writes dg and the gradient of the
+                 attention's own output (dO * sigmoid(g)), which _bwd_dbias and _bwd_dkdv read as their dO.
     _bwd_dbias   grid: one program per (key tile, query tile, head, batch, chunk of rows i), key tile fastest.
                  reads q, k, v, dO, bias, key term, lse, delta; writes dbias, or (when the tiles alone cannot fill
                  the GPU) one float32 partial per chunk of rows:
@@ -163,15 +166,17 @@ def _probs_and_dscores(t, scale2, dp, lse, delta, SIGMOID: tl.constexpr, FAST_EX
 
 
 @triton.jit
-def _fwd(Q, K, V, BIAS, KEY_BIAS, O, LSE,
+def _fwd(Q, K, V, BIAS, KEY_BIAS, O, LSE, G,
          sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
          sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k,
          so_b, so_i, so_j, so_h, so_d,
          B, I, J, H, scale, J_BUCKET,
          HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, STORE_LSE: tl.constexpr, FAST_EXP: tl.constexpr,
-         DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+         DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+         GATED: tl.constexpr = False):
     """o of one query tile of one row: online softmax in base 2 (the score t * scale2 applied inside the exponent's
-    FMA), or for sigmoid o = sum_k sigmoid(t) v; for a backward (STORE_LSE) also the base-2 log-sum-exp."""
+    FMA), or for sigmoid o = sum_k sigmoid(t) v; for a backward (STORE_LSE) also the base-2 log-sum-exp. GATED
+    stores sigmoid(g) * o instead (AF3 SI Alg 14 line 6), g [B, I, J, H, D] with q's strides (one projection)."""
     jb, h, i, b64 = _query_tile_program(J, H, I, BLOCK_J)
     offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
     offs_d = tl.arange(0, BLOCK_D)
@@ -208,6 +213,9 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, O, LSE,
     if not SIGMOID:
         has_key = l_run > 0.0
         acc = acc / tl.where(has_key, l_run, 1.0)[:, None]
+    if GATED:
+        g = _load_tile(G + b64 * sq_b + i * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)      # [BJ, D]
+        acc = acc * tl.sigmoid(g.to(tl.float32))
     o_ptrs = O + b64 * so_b + i * so_i + h * so_h + offs_j[:, None] * so_j + offs_d[None, :] * so_d
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=offs_j[:, None] < J)
     if STORE_LSE:
@@ -220,19 +228,34 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, O, LSE,
 
 
 @triton.jit
-def _dq_row_start(Q, DO, O, LSE, q_base, do_base, o_base, row_base, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d,
-                  so_j, so_d, J, SIGMOID: tl.constexpr):
+def _dq_row_start(Q, DO, O, LSE, G, DG, DO_ATTN, q_base, do_base, o_base, g_base, row_base, offs_j, offs_d,
+                  sq_j, sq_d, sd_j, sd_d, so_j, so_d, sg_j, sg_d, J, J_store, SIGMOID: tl.constexpr,
+                  GATED: tl.constexpr):
     """q, dO [BJ, D] and lse, delta0 [BJ] of one row; delta0 = rowsum(dO * o) from the rounded output o (softmax;
-    sigmoid needs neither statistic)."""
+    sigmoid needs neither statistic). GATED (O holds out = sigmoid(g) o, DO its gradient dout): dO = dout sigmoid(g)
+    is stored to DO_ATTN (o's strides) for the later kernels, dg = dout out (1 - sigmoid(g)) to DG (dq's strides),
+    and delta0 = rowsum(dO * o) = rowsum(dout * out); rows from J_store on are not stored."""
     q = _load_tile(Q + q_base, offs_j, offs_d, sq_j, sq_d, J)                              # [BJ, D]
     do = _load_tile(DO + do_base, offs_j, offs_d, sd_j, sd_d, J)                           # [BJ, D]
+    if GATED:
+        dout = do.to(tl.float32)
+        out = _load_tile(O + o_base, offs_j, offs_d, so_j, so_d, J).to(tl.float32)         # [BJ, D]
+        gate = tl.sigmoid(_load_tile(G + q_base, offs_j, offs_d, sq_j, sq_d, J).to(tl.float32))
+        do = (dout * gate).to(do.dtype)
+        stored = offs_j[:, None] < J_store
+        tl.store(DO_ATTN + o_base + offs_j[:, None] * so_j + offs_d[None, :] * so_d, do, mask=stored)
+        tl.store(DG + g_base + offs_j[:, None] * sg_j + offs_d[None, :] * sg_d,
+                 (dout * out * (1.0 - gate)).to(DG.dtype.element_ty), mask=stored)
     if SIGMOID:
         lse = tl.zeros(offs_j.shape, dtype=tl.float32)
         delta = lse
     else:
         lse = tl.load(LSE + row_base + offs_j, mask=offs_j < J, other=float("inf"))
-        o = _load_tile(O + o_base, offs_j, offs_d, so_j, so_d, J)                          # [BJ, D]
-        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)                            # delta0 [BJ]
+        if GATED:
+            delta = tl.sum(dout * out, 1)                                                  # delta0 [BJ]
+        else:
+            o = _load_tile(O + o_base, offs_j, offs_d, so_j, so_d, J)                      # [BJ, D]
+            delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)                        # delta0 [BJ]
     return q, do, lse, delta
 
 
@@ -268,14 +291,14 @@ def _dq_row_store(dq, delta0, p_dp, p_sum, pk, DQ, DELTA, g_base, row_base, offs
 
 
 @triton.jit
-def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ,
+def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ, G, DG, DO_ATTN,
             sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
             sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
             so_b, so_i, so_j, so_h, so_d, sg_b, sg_i, sg_j, sg_h, sg_d,
             B, I, J, H, scale, J_BUCKET,
             HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr, FAST_EXP: tl.constexpr,
             DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-            ROWS: tl.constexpr = 1):
+            ROWS: tl.constexpr = 1, GATED: tl.constexpr = False):
     """dQ, one program per (query tile, head, ROWS rows, batch) as the forward: a loop over key tiles recomputes p
     and dS = p (dP - delta) and accumulates dQ = dS k in registers. ROWS = 2 rows share each bias tile load; a
     second row past the end (odd I) is computed on row I - 1 and not stored.
@@ -285,7 +308,10 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ,
     the unrounded output) and pk = sum_k p_k k_k; since dQ is linear in delta,
         dQ(delta) = dQ(delta0) - (delta - delta0) pk,
     and the correction is exact to the product of two small errors (delta - delta0 ~ 2^-9 delta, pk's rounding of p
-    ~ 2^-9): the output's rounding residual need not be stored (TurboPairFormer compensates it as well)."""
+    ~ 2^-9): the output's rounding residual need not be stored (TurboPairFormer compensates it as well).
+
+    GATED (the forward stored out = sigmoid(g) o): see _dq_row_start; g has q's strides, dg dq's, the stored dO
+    o's."""
     jb, h, i0, b64 = _query_tile_program(J, H, I, BLOCK_J, ROWS)
     i1 = tl.minimum(i0 + 1, I - 1)
     offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
@@ -296,20 +322,22 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ,
     bias_base = BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j
     row_base = (b64 * H + h) * I * J                                 # + i * J: into LSE, DELTA [B, H, I, J]
     scale2 = _base2(scale)
-    q0, do0, lse0, delta0 = _dq_row_start(Q, DO, O, LSE, b64 * sq_b + i0 * sq_i + h * sq_h,
+    g_base = b64 * sg_b + h * sg_h                                   # + i * sg_i: into DQ and DG
+    q0, do0, lse0, delta0 = _dq_row_start(Q, DO, O, LSE, G, DG, DO_ATTN, b64 * sq_b + i0 * sq_i + h * sq_h,
                                           b64 * sd_b + i0 * sd_i + h * sd_h, b64 * so_b + i0 * so_i + h * so_h,
-                                          row_base + i0 * J, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d, so_j, so_d, J,
-                                          SIGMOID)
+                                          g_base + i0 * sg_i, row_base + i0 * J, offs_j, offs_d, sq_j, sq_d, sd_j,
+                                          sd_d, so_j, so_d, sg_j, sg_d, J, J, SIGMOID, GATED)
     dq0 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
     p_dp0 = tl.zeros([BLOCK_J], dtype=tl.float32)
     p_sum0 = tl.zeros([BLOCK_J], dtype=tl.float32)
     pk0 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
     mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
     if ROWS == 2:
-        q1, do1, lse1, delta1 = _dq_row_start(Q, DO, O, LSE, b64 * sq_b + i1 * sq_i + h * sq_h,
+        q1, do1, lse1, delta1 = _dq_row_start(Q, DO, O, LSE, G, DG, DO_ATTN, b64 * sq_b + i1 * sq_i + h * sq_h,
                                               b64 * sd_b + i1 * sd_i + h * sd_h, b64 * so_b + i1 * so_i + h * so_h,
-                                              row_base + i1 * J, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d, so_j,
-                                              so_d, J, SIGMOID)
+                                              g_base + i1 * sg_i, row_base + i1 * J, offs_j, offs_d, sq_j, sq_d,
+                                              sd_j, sd_d, so_j, so_d, sg_j, sg_d, J, tl.where(i0 + 1 < I, J, 0),
+                                              SIGMOID, GATED)
         dq1 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
         p_dp1 = tl.zeros([BLOCK_J], dtype=tl.float32)
         p_sum1 = tl.zeros([BLOCK_J], dtype=tl.float32)
@@ -329,7 +357,6 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ,
             dq1, p_dp1, p_sum1, pk1 = _dq_row_step(q1, do1, k_base + i1 * sk_i, v_base + i1 * sv_i, bias_t, mask1,
                                                    lse1, delta1, dq1, p_dp1, p_sum1, pk1, offs_k, offs_d, sk_j, sk_d,
                                                    sv_j, sv_d, J, scale2, SIGMOID, SPLIT_DS, FAST_EXP, DOT_PREC)
-    g_base = b64 * sg_b + h * sg_h
     _dq_row_store(dq0, delta0, p_dp0, p_sum0, pk0, DQ, DELTA, g_base + i0 * sg_i, row_base + i0 * J, offs_j,
                   offs_d, sg_j, sg_d, J, scale, SIGMOID)
     if ROWS == 2:

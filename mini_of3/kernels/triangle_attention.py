@@ -2,10 +2,14 @@
 
     triangle_attention(q, k, v, bias, mask=None, *, activation="softmax", scale=None, sigmoid_bias=None,
                        backend="auto") -> o
+    gated_triangle_attention(qkvg, bias, mask=None, *, activation="softmax", scale=None, sigmoid_bias=None,
+                             backend="auto") -> sigmoid(g) * o
 
 q, k, v: [B, I, J, H, D] (any strides; the ending node passes transposed views), bias: [B, H, J, K] float32 or the
 input dtype, mask: [B, I, K] bool (True = attend). Implements the attention of AF3 SI Alg 14 (starting node) and,
-on transposed views, Alg 15 (ending node); with I = 1 it is attention with pair bias (Alg 24).
+on transposed views, Alg 15 (ending node); with I = 1 it is attention with pair bias (Alg 24). The gated form takes
+q, k, v and the gate g packed as one projection's output, [B, I, J, 4, H, D], applies the gate in the forward
+kernel's epilogue and writes the four gradients into one buffer, the gradient of that projection's output.
 
 The forward and backward are Triton kernels (tri_attn_kernels.py) launched by launch.py; both are registered as
 ``torch.library`` custom ops with fake (meta) implementations, so ``torch.compile`` treats them as opaque. Gradients
@@ -150,6 +154,76 @@ def _autograd_backward(ctx, do, _dlse, backward=_bwd_op):
 _fwd_op.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
+@torch.library.custom_op("mini_of3::gated_triangle_attention_fwd", mutates_args=())
+def _gated_fwd_op(qkvg: torch.Tensor, bias: torch.Tensor, key_bias: torch.Tensor | None, sigmoid: bool,
+                  scale: float, residuals: bool, split_ds: bool, fast_exp: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k, v, g = qkvg.unbind(3)
+    return launch.forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp, gate=g)
+
+
+@_gated_fwd_op.register_fake
+def _gated_fwd_fake(qkvg, bias, key_bias, sigmoid, scale, residuals, split_ds, fast_exp):
+    B, I, J, _, H, D = qkvg.shape
+    lse_shape = (B, H, I, J) if residuals and not sigmoid else 0
+    return qkvg.new_empty((B, I, J, H, D)), qkvg.new_empty(lse_shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("mini_of3::gated_triangle_attention_bwd", mutates_args=())
+def _gated_bwd_op(dout: torch.Tensor, qkvg: torch.Tensor, bias: torch.Tensor, key_bias: torch.Tensor | None,
+                  out: torch.Tensor, lse: torch.Tensor, sigmoid: bool, scale: float, split_ds: bool, fast_exp: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _gated_backward(dout, qkvg, bias, key_bias, out, lse, sigmoid, scale, split_ds, fast_exp)
+
+
+@_gated_bwd_op.register_fake
+def _gated_bwd_fake(dout, qkvg, bias, key_bias, out, lse, sigmoid, scale, split_ds, fast_exp):
+    return qkvg.new_empty(qkvg.shape), bias.new_empty(bias.shape)
+
+
+def _gated_backward(dout, qkvg, bias, key_bias, out, lse, sigmoid, scale, split_ds, fast_exp):
+    """d(qkvg) [B, I, J, 4, H, D] (dq, dk, dv, dg written in place by the kernels) and dbias."""
+    dqkvg = launch._new(qkvg.shape, qkvg.dtype, qkvg.device)
+    q, k, v, g = qkvg.unbind(3)
+    _, _, _, dbias = launch.backward(dout, q, k, v, bias, key_bias, out, lse, sigmoid, scale, split_ds, fast_exp,
+                                     gate=g, grads=dqkvg.unbind(3))
+    return dqkvg, dbias
+
+
+def _gated_setup_context(ctx, inputs, output):
+    qkvg, bias, key_bias, sigmoid, scale, residuals, split_ds, fast_exp = inputs
+    out, lse = output
+    ctx.save_for_backward(qkvg, bias, key_bias, out, lse)
+    ctx.sigmoid, ctx.scale, ctx.split_ds, ctx.fast_exp = sigmoid, scale, split_ds, fast_exp
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
+
+
+def _gated_autograd_backward(ctx, dout, _dlse, backward=_gated_bwd_op):
+    qkvg, bias, key_bias, out, lse = ctx.saved_tensors
+    dqkvg, dbias = backward(dout, qkvg, bias, key_bias, out, lse, ctx.sigmoid, ctx.scale, ctx.split_ds,
+                            ctx.fast_exp)
+    return dqkvg, dbias, None, None, None, None, None, None
+
+
+_gated_fwd_op.register_autograd(_gated_autograd_backward, setup_context=_gated_setup_context)
+
+
+class _EagerGatedTriangleAttention(torch.autograd.Function):
+    """The gated custom ops' eager path, as _EagerTriangleAttention."""
+
+    @staticmethod
+    def forward(ctx, qkvg, bias, key_bias, sigmoid, scale, residuals, split_ds, fast_exp):
+        q, k, v, g = qkvg.unbind(3)
+        output = launch.forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp, gate=g)
+        _gated_setup_context(ctx, (qkvg, bias, key_bias, sigmoid, scale, residuals, split_ds, fast_exp), output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return _gated_autograd_backward(ctx, dout, dlse, backward=_gated_backward)
+
+
 class _EagerTriangleAttention(torch.autograd.Function):
     """The eager path: the custom ops' forward and backward, called without torch.library's dispatch, which costs
     ~80 µs per forward + backward on a 2-core CPU (~40 % of the host time of a call) and shows at N <= 256, where
@@ -200,6 +274,54 @@ def triangle_attention(
     if backend == "torch":
         return triangle_attention_ref(q, k, v, bias, mask, activation=activation, scale=scale,
                                       sigmoid_bias=sigmoid_bias)
+    call = _kernel_call(q, (q, k, v, bias), bias, mask, activation, scale, sigmoid_bias)
+    if not call["residuals"] and not torch.compiler.is_compiling():   # inference: no autograd node (~10 us)
+        return launch.forward(q, k, v, bias, *call["forward"])[0]
+    apply = _fwd_op if torch.compiler.is_compiling() else _EagerTriangleAttention.apply
+    o, _ = apply(q, k, v, bias, *call["op"])
+    return o
+
+
+def gated_triangle_attention(
+    qkvg: torch.Tensor,
+    bias: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    activation: str = "softmax",
+    scale: float | None = None,
+    sigmoid_bias: float | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Gated triangle attention: sigmoid(g) * triangle_attention(q, k, v, bias, mask) (AF3 SI Alg 14 lines 5-6).
+
+    Args:
+        qkvg: [B, I, J, 4, H, D], q, k, v and the gate g along dim 3 (one projection's output, any strides); its
+            gradient comes back as one tensor of that shape, written by the kernels in place
+        bias, mask, activation, scale, sigmoid_bias, backend: as :func:`triangle_attention`
+    Returns:
+        sigmoid(g) * o: [B, I, J, H, D] in the input dtype, contiguous
+    """
+    if not isinstance(qkvg, torch.Tensor) or qkvg.dim() != 6 or qkvg.shape[3] != 4:
+        raise ValueError(f"gated_triangle_attention: qkvg must be [B, I, J, 4, H, D], got "
+                         f"{tuple(qkvg.shape) if isinstance(qkvg, torch.Tensor) else type(qkvg).__name__}")
+    q, k, v, g = qkvg.unbind(3)
+    _check_inputs(q, k, v, bias, mask, activation, sigmoid_bias, backend)
+    backend = _resolve_backend(backend, q)
+    if backend == "torch":
+        return torch.sigmoid(g) * triangle_attention_ref(q, k, v, bias, mask, activation=activation, scale=scale,
+                                                         sigmoid_bias=sigmoid_bias)
+    call = _kernel_call(q, (qkvg, bias), bias, mask, activation, scale, sigmoid_bias)
+    if not call["residuals"] and not torch.compiler.is_compiling():
+        return launch.forward(q, k, v, bias, *call["forward"], gate=g)[0]
+    apply = _gated_fwd_op if torch.compiler.is_compiling() else _EagerGatedTriangleAttention.apply
+    out, _ = apply(qkvg, bias, *call["op"])
+    return out
+
+
+def _kernel_call(q: torch.Tensor, inputs: tuple, bias: torch.Tensor, mask: torch.Tensor | None, activation: str,
+                 scale: float | None, sigmoid_bias: float | None) -> dict:
+    """What the kernels need beyond the tensors: ``forward``, the trailing arguments of launch.forward for an
+    inference call; ``op``, those of the custom ops; ``residuals``, whether a backward will follow."""
     B, I, J, H, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     sigmoid = activation == "sigmoid"
@@ -211,13 +333,10 @@ def triangle_attention(
             beta = -torch.log(mask.sum(-1).clamp(min=1).to(torch.float32))      # [B, I]
         else:
             beta = torch.full((B, I), -math.log(J), dtype=torch.float32, device=q.device)
-    residuals = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, bias))
+    residuals = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
     choice = launch.current_algorithm()   # taken here, at the forward, for its backward too
     split_ds = choice.split_ds and q.dtype != torch.float32     # float32 dS goes into float32 products unrounded
     fast_exp = choice.fast_exp and q.is_cuda and not launch.interpreting()   # the interpreter cannot run PTX
     key_bias = _key_bias(mask, beta, scale, (B, I, J))      # once, for the forward and its backward
-    if not residuals and not torch.compiler.is_compiling():   # inference: no autograd node (~10 us of host time)
-        return launch.forward(q, k, v, bias, key_bias, sigmoid, scale, False, fast_exp)[0]
-    apply = _fwd_op if torch.compiler.is_compiling() else _EagerTriangleAttention.apply
-    o, _ = apply(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_ds, fast_exp)
-    return o
+    return {"residuals": residuals, "forward": (key_bias, sigmoid, scale, False, fast_exp),
+            "op": (key_bias, sigmoid, scale, residuals, split_ds, fast_exp)}

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from mini_of3.kernels import triangle_attention
+from mini_of3.kernels import gated_triangle_attention, triangle_attention
 from mini_of3.kernels.triangle_attention import SUPPORTED_HEAD_DIMS
 
 TRI_ATTN_BACKENDS = ("auto", "mini_of3", "torch", "trifast", "cueq", "of3_triton")
@@ -114,6 +114,20 @@ def tri_attn_backend(name: str, activation: str = "softmax") -> Attend:
     if name in _RAW_TRITON_ANCHORS:
         attend = torch.compiler.disable(attend)
     return attend
+
+
+def tri_attn_backend_gated(name: str, activation: str = "softmax"):
+    """For our backends (auto, mini_of3, torch), ``attend_gated(qkvg, bias, mask) -> sigmoid(g) * o`` with q, k, v
+    and g packed [B, I, J, 4, H, D] (:func:`mini_of3.kernels.gated_triangle_attention`: the gate in the kernels, the
+    four gradients in one buffer); None for the anchors, which take q, k, v only (the model gates around them).
+    ``name`` and ``activation`` are checked by :func:`tri_attn_backend`."""
+    if name not in ("auto", "mini_of3", "torch"):
+        return None
+    kernel_backend = {"auto": "auto", "mini_of3": "triton", "torch": "torch"}[name]
+
+    def attend_gated(qkvg, bias, mask):
+        return gated_triangle_attention(qkvg, bias, mask, activation=activation, backend=kernel_backend)
+    return attend_gated
 
 
 def pair_bias_attention(name: str) -> Attend:

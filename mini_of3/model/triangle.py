@@ -8,7 +8,7 @@ from torch import nn
 
 from mini_of3.model.norm import LayerNorm
 from mini_of3.model.projections import linear_channels_first
-from mini_of3.model.tri_attn_backends import tri_attn_backend
+from mini_of3.model.tri_attn_backends import tri_attn_backend, tri_attn_backend_gated
 from mini_of3.model.tri_mul_backends import tri_mul_backend
 
 
@@ -60,7 +60,8 @@ class TriangleAttention(nn.Module):
     Ending node:   o_ij = sum_k softmax_k(q_ij . k_kj / sqrt(c) + b_ki) v_kj (attention along column j),
     which is the starting-node attention on the transposed pair: the layer norm's output is transposed once (in
     the copy that casts it for the projections) and the update is returned as a transposed view. Every node hands
-    the kernel q, k, v from one projection and a contiguous bias [B, H, J, K]. Gated by g = sigmoid(LinearNoBias(z)).
+    the kernel q, k, v from one projection and a contiguous bias [B, H, J, K]. Gated by g = sigmoid(LinearNoBias(z)):
+    inside our kernels (one projection output in, one gradient buffer out), in PyTorch around an anchor's.
 
     Parameters
     ----------
@@ -68,10 +69,11 @@ class TriangleAttention(nn.Module):
     n_heads, c_hidden : heads and head dim (AF3: 4 x 32)
     node : "starting" | "ending"
     backend : model.tri_attn_backend; activation : model.tri_attn_activation (softmax | sigmoid)
+    fused_gate : model.tri_attn_fused_gate: with our backends, the gate inside the kernels (else in PyTorch)
     """
 
     def __init__(self, *, c_z: int, n_heads: int, c_hidden: int, node: Literal["starting", "ending"],
-                 backend: str = "auto", activation: str = "softmax") -> None:
+                 backend: str = "auto", activation: str = "softmax", fused_gate: bool = True) -> None:
         super().__init__()
         if node not in ("starting", "ending"):
             raise ValueError(f"TriangleAttention: node must be 'starting' or 'ending', got {node!r}")
@@ -84,14 +86,15 @@ class TriangleAttention(nn.Module):
         self.linear_g = nn.Linear(c_z, n_heads * c_hidden, bias=False)
         self.linear_o = nn.Linear(n_heads * c_hidden, c_z, bias=False)
         self.attend = tri_attn_backend(backend, activation)
+        self.attend_gated = tri_attn_backend_gated(backend, activation) if fused_gate else None
 
     def attention_inputs(self, z: torch.Tensor, pair_mask: torch.Tensor):
         """The kernel's inputs in this node's frame (the pair itself, or its transpose for the ending node).
 
-        z: [B, N, N, c_z], pair_mask: [B, N, N] bool -> q, k, v, g [B, I, J, H, D] (views of one projection, row
-        stride 4 H D), bias [B, H, J, K] (contiguous), mask [B, I, K] (contiguous).
-        The layer norm's output is cast to the autocast dtype and, for the ending node, transposed in one copy;
-        then one GEMM makes q, k, v and g, and one more the bias, heads first.
+        z: [B, N, N, c_z], pair_mask: [B, N, N] bool -> qkvg [B, I, J, 4, H, D] (q, k, v and the gate's input g
+        along dim 3: one projection's output, contiguous), bias [B, H, J, K] (contiguous), mask [B, I, K]
+        (contiguous). The layer norm's output is cast to the autocast dtype and, for the ending node, transposed
+        in one copy; then one GEMM makes q, k, v and g, and one more the bias, heads first.
         """
         B, N = z.shape[:2]
         H, D = self.n_heads, self.head_dim
@@ -100,16 +103,20 @@ class TriangleAttention(nn.Module):
             x, pair_mask = x.transpose(1, 2), pair_mask.transpose(1, 2)
         x = x.to(_projection_dtype(x), memory_format=torch.contiguous_format)
         w = torch.cat([self.linear_q.weight, self.linear_k.weight, self.linear_v.weight, self.linear_g.weight])
-        q, k, v, g = torch.nn.functional.linear(x, w).view(B, N, N, 4, H, D).unbind(3)   # [B, I, J, H, D] each
+        qkvg = torch.nn.functional.linear(x, w).view(B, N, N, 4, H, D)                  # [B, I, J, 4, H, D]
         bias = linear_channels_first(x, self.linear_b.weight)   # [B, H, J, K]: bias[j, k] = b_jk of this frame
-        return q, k, v, g, bias, pair_mask.contiguous()
+        return qkvg, bias, pair_mask.contiguous()
 
     def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
         """z: [B, N, N, c_z], pair_mask: [B, N, N] bool (True = both tokens real) -> update [B, N, N, c_z]."""
         B, N = z.shape[:2]
-        q, k, v, g, bias, mask = self.attention_inputs(z, pair_mask)
-        o = self.attend(q, k, v, bias, mask)                     # [B, I, J, H, D], contiguous
-        update = self.linear_o((torch.sigmoid(g) * o).reshape(B, N, N, -1))
+        qkvg, bias, mask = self.attention_inputs(z, pair_mask)
+        if self.attend_gated is not None:    # our kernels: the gate inside, one gradient buffer for q, k, v, g
+            o = self.attend_gated(qkvg, bias, mask)               # [B, I, J, H, D], sigmoid(g) * o
+        else:
+            q, k, v, g = qkvg.unbind(3)                           # [B, I, J, H, D] each
+            o = torch.sigmoid(g) * self.attend(q, k, v, bias, mask)
+        update = self.linear_o(o.reshape(B, N, N, -1))
         return update if self.node == "starting" else update.transpose(1, 2)   # back to the pair's frame
 
 

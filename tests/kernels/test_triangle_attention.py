@@ -12,7 +12,7 @@ import itertools
 import pytest
 import torch
 
-from mini_of3.kernels import triangle_attention, triangle_attention_ref
+from mini_of3.kernels import gated_triangle_attention, triangle_attention, triangle_attention_ref
 from mini_of3.kernels.launch import LaunchConfig, algorithm, launch_config
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -295,6 +295,93 @@ def test_unsupported_head_dim_for_the_kernel():
     x = torch.zeros(1, 1, 4, 1, 24, device=DEVICE)
     with pytest.raises(ValueError, match="head dim"):
         triangle_attention(x, x, x, torch.zeros(1, 1, 4, 4, device=DEVICE), backend="triton")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the gated form: q, k, v, g packed as one projection's output, sigmoid(g) applied in the kernels
+
+
+def make_packed(B, I, N, H, D, dtype, *, masked, transposed, seed=0):
+    """qkvg [B, I, J, 4, H, D] (for ``transposed``, a view of [B, J, I, 4, H, D] as the ending node's), float32 bias,
+    mask with a fully masked row, and the output's gradient."""
+    g = torch.Generator().manual_seed(seed)
+    packed = torch.randn((B, N, I, 4, H, D) if transposed else (B, I, N, 4, H, D), generator=g).to(dtype)
+    qkvg = packed.transpose(1, 2) if transposed else packed
+    bias = torch.randn(B, H, N, N, generator=g)
+    dout = torch.randn(B, I, N, H, D, generator=g).to(dtype)
+    mask = None
+    if masked:
+        mask = torch.rand(B, I, N, generator=g) > 0.3
+        mask[:, 0] = False
+    to = dict(device=DEVICE)
+    return qkvg.to(**to), bias.to(**to), None if mask is None else mask.to(**to), dout.to(**to)
+
+
+def run_gated(qkvg, bias, mask, dout, **kw):
+    leaves = [t.detach().clone().requires_grad_(True) for t in (qkvg, bias)]
+    out = gated_triangle_attention(*leaves, mask, **kw)
+    out.backward(dout)
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+def gated_reference(qkvg, bias, mask, dout, **kw):
+    """sigmoid(g) * the float64 reference (AF3 SI Alg 14 lines 5-6), and its gradients."""
+    return run_gated(qkvg.double(), bias.double(), mask, dout.double(), backend="torch", **kw)
+
+
+@pytest.mark.parametrize("B,I,N,H,D,dtype,activation,masked,transposed", [
+    (1, 3, 17, 2, 32, torch.float32, "softmax", True, False),     # odd I: the second dQ row past the end
+    (2, 2, 9, 1, 16, torch.bfloat16, "sigmoid", True, True),
+    (1, 2, 33, 2, 16, torch.bfloat16, "softmax", False, True),
+])
+def test_gated_matches_float64_reference(B, I, N, H, D, dtype, activation, masked, transposed):
+    """Output, the packed gradient (dq, dk, dv, dg in one buffer, every element written: the buffer is poisoned)
+    and dbias. The bf16 dbias bound is the input dtype's: the kernels take dO = dout * sigmoid(g) rounded to bf16,
+    as the eager gate's backward under autocast does."""
+    qkvg, bias, mask, dout = make_packed(B, I, N, H, D, dtype, masked=masked, transposed=transposed, seed=N + D)
+    got = run_gated(qkvg, bias, mask, dout, activation=activation, backend="triton")
+    ref = gated_reference(qkvg, bias, mask, dout, activation=activation)
+    for name, g, r in zip(("out", "dqkvg", "dbias"), got, ref):
+        assert torch.isfinite(g).all(), f"{name} has non-finite or unwritten elements"
+        assert g.shape == r.shape and g.dtype == (torch.float32 if name == "dbias" else dtype), name
+        assert rel_err(g, r) < TOLERANCE[dtype], (name, rel_err(g, r))
+    if masked:   # a row with no valid key: output and all four gradients exactly zero
+        assert torch.count_nonzero(got[0][:, 0]) == 0 and torch.count_nonzero(got[1][:, 0]) == 0
+
+
+def test_gated_repeats_bitwise_and_compiles_as_an_opaque_op():
+    """Two eager runs and a compiled one (aot_eager, fullgraph: the gated custom ops) give identical bits."""
+    qkvg, bias, mask, dout = make_packed(1, 3, 19, 2, 16, torch.bfloat16, masked=True, transposed=False)
+
+    def layer(qkvg, bias, mask):
+        return gated_triangle_attention(qkvg * 1.0, bias, mask, backend="triton") * 2.0
+
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    runs = [run_gated(qkvg, bias, mask, dout, backend="triton") for _ in range(2)]
+    runs += [[t / 2 if i == 0 else t for i, t in enumerate(fn(qkvg, bias, mask, dout))]
+             for fn in (lambda *a: _run_layer(layer, *a), lambda *a: _run_layer(compiled, *a))]
+    for name, first, *again in zip(("out", "dqkvg", "dbias"), *runs):
+        for other in again:
+            assert torch.equal(first, other), name
+
+
+def _run_layer(layer, qkvg, bias, mask, dout):
+    leaves = [t.detach().clone().requires_grad_(True) for t in (qkvg, bias)]
+    out = layer(*leaves, mask)
+    out.backward(dout * 0.5)          # the layer doubles its output: the same gradient reaches the op
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+def test_gated_opcheck_and_errors():
+    from mini_of3.kernels.triangle_attention import _gated_fwd_op
+    qkvg, bias, mask, _ = make_packed(1, 2, 16, 1, 16, torch.float32, masked=True, transposed=False)
+    qkvg, bias = qkvg.requires_grad_(True), bias.requires_grad_(True)
+    torch.library.opcheck(_gated_fwd_op, (qkvg, bias, mask, False, 0.25, True, True, False),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    with pytest.raises(ValueError, match="4, H, D"):
+        gated_triangle_attention(qkvg[:, :, :, :3], bias, mask)
+    with pytest.raises(ValueError, match="bias"):
+        gated_triangle_attention(qkvg, bias[:, :, :5], mask)
 
 
 @pytest.mark.slow

@@ -32,13 +32,16 @@ def test_model_on_mini_of3_kernel_equals_torch_path_forward_and_gradients(monkey
     module runs on our Triton kernel (and, with tri_mul = mini_of3, both triangle multiplications on theirs);
     outputs, losses and every parameter gradient match the torch path."""
     calls = []
-    real_kernel = tab.triangle_attention
 
-    def counting(*args, backend, **kwargs):
-        calls.append(backend)
-        return real_kernel(*args, backend=backend, **kwargs)
+    def counting(real_kernel):
+        def call(*args, backend, **kwargs):
+            calls.append(backend)
+            return real_kernel(*args, backend=backend, **kwargs)
+        return call
 
-    monkeypatch.setattr(tab, "triangle_attention", counting)
+    # the triangle attentions call the gated form, the single-track attentions (Alg 24) the plain one
+    monkeypatch.setattr(tab, "triangle_attention", counting(tab.triangle_attention))
+    monkeypatch.setattr(tab, "gated_triangle_attention", counting(tab.gated_triangle_attention))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     batch = {k: v.to(device) for k, v in as_batch(read_tokens("1L2Y")).items()}
     torch.manual_seed(0)
@@ -66,22 +69,37 @@ def test_model_on_mini_of3_kernel_equals_torch_path_forward_and_gradients(monkey
 
 @pytest.mark.parametrize("node", ["starting", "ending"])
 def test_both_nodes_pass_one_projection_and_a_contiguous_bias_to_the_kernel(monkeypatch, node):
+    """Our backends get q, k, v, g packed (one contiguous projection output); an anchor gets q, k, v as views of
+    that output (row stride 4 H D), and the model gates around it; both compute the same update."""
     seen = []
+    real_gated = tab.gated_triangle_attention
+
+    def spy_gated(qkvg, bias, mask=None, **kwargs):
+        seen.append({"qkvg": qkvg.shape, "contiguous": qkvg.is_contiguous(), "mask": mask.is_contiguous(),
+                     "bias": bias.is_contiguous()})
+        return real_gated(qkvg, bias, mask, **kwargs)
 
     def spy(q, k, v, bias, mask=None, **kwargs):
         seen.append({"qkv": [(t.stride(), t.untyped_storage().data_ptr()) for t in (q, k, v)],
                      "mask": mask.is_contiguous(), "bias": bias.is_contiguous()})
         return triangle_attention_ref(q, k, v, bias, mask, activation=kwargs.get("activation", "softmax"))
 
+    monkeypatch.setattr(tab, "gated_triangle_attention", spy_gated)
     monkeypatch.setattr(tab, "triangle_attention", spy)
     B, N, H, D = 1, 6, 2, 16
     layer = TriangleAttention(c_z=8, n_heads=H, c_hidden=D, node=node, backend="torch")
-    layer(torch.randn(B, N, N, 8), torch.ones(B, N, N, dtype=torch.bool))
-    (call,) = seen
+    z, pair = torch.randn(B, N, N, 8, dtype=torch.float64), torch.ones(B, N, N, dtype=torch.bool)
+    layer.double()
+    gated = layer(z, pair)
+    layer.attend_gated = None                 # as with an anchor: q, k, v views, the gate in PyTorch
+    plain = layer(z, pair)
+    packed, views = seen
+    assert packed["qkvg"] == (B, N, N, 4, H, D) and packed["contiguous"] and packed["bias"] and packed["mask"]
     row = 4 * H * D                                               # q, k, v and the gate share one GEMM output
-    assert all(stride == (N * N * row, N * row, row, D, 1) for stride, _ in call["qkv"])
-    assert len({storage for _, storage in call["qkv"]}) == 1
-    assert call["bias"] and call["mask"]
+    assert all(stride == (N * N * row, N * row, row, D, 1) for stride, _ in views["qkv"])
+    assert len({storage for _, storage in views["qkv"]}) == 1
+    assert views["bias"] and views["mask"]
+    assert relative_error(gated, plain) < 1e-12
 
 
 @pytest.mark.skipif(not triton_available, reason="needs CUDA or TRITON_INTERPRET=1 (set by tests/conftest.py)")
@@ -228,3 +246,12 @@ def test_real_anchor_packages_match_the_torch_path(name):
         for i, (g_anchor, g_ref) in enumerate(zip(grads[1], grads[0])):
             err = (g_anchor.float() - g_ref.float()).norm() / g_ref.float().norm()
             assert err < 3e-2, f"{name} {node} gradient {i}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("backend,fused", [("torch", True), ("torch", False), ("trifast", True)])
+def test_fused_gate_follows_the_config(monkeypatch, backend, fused):
+    """model.tri_attn_fused_gate: our backends gate inside the kernels unless it is false; an anchor never does."""
+    monkeypatch.setattr(tab, "import_anchor", lambda *args: (lambda *a: None))
+    model = build_model(tiny_config(tri_attn_backend=backend, tri_attn_fused_gate=fused))
+    layers = [m for m in model.modules() if isinstance(m, TriangleAttention)]
+    assert layers and all((m.attend_gated is not None) == (fused and backend == "torch") for m in layers)
