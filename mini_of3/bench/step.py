@@ -26,6 +26,7 @@ import torch
 
 from mini_of3.bench.common import (load_bench_config, package_versions, peak_mib, print_table, result_header,
                                    write_json)
+from mini_of3.config import ConfigError, load_config
 from mini_of3.losses import compute_losses
 from mini_of3.model import build_model
 from mini_of3.model.compiled import compile_blocks
@@ -46,24 +47,45 @@ CATEGORIES = ("triangle attention", "triangle multiplication", "GEMMs", "layer n
 
 
 def split_arm(arm: str) -> tuple[str, str, str | None]:
-    """``attn+mul[:mode]`` -> (attn, mul, mode or None)."""
-    backends, _, mode = arm.partition(":")
+    """``attn+mul[:mode][@model_key=value...]`` -> (attn, mul, mode or None); see :func:`arm_model_overrides`."""
+    backends, _, mode = arm.split("@")[0].partition(":")
     attn, _, mul = backends.partition("+")
     return attn, mul, mode or None
 
 
-def parse_arms(text: str) -> list[str]:
-    """``attn+mul[:mode],...`` -> the arm names, or one clear error line."""
+def arm_model_overrides(arm: str) -> list[str]:
+    """The arm's own ``model.*`` overrides: ``mini_of3+cueq@tri_attn_fused_gate=false`` ->
+    ["model.tri_attn_fused_gate=false"] (an ablation measured beside the other arms, in the same process)."""
+    return [f"model.{item}" for item in arm.split("@")[1:]]
+
+
+def parse_arms(text: str, cfg=None) -> list[str]:
+    """``attn+mul[:mode][@model_key=value...],...`` -> the arm names, or one clear error line (the overrides are
+    checked against ``cfg`` when given)."""
     arms = [a for a in text.split(",") if a]
     for arm in arms:
         attn, mul, mode = split_arm(arm)
         if attn not in TRI_ATTN_BACKENDS or mul not in TRI_MUL_BACKENDS or mode not in (None, *COMPILE_MODES):
-            raise SystemExit(f"--arms: {arm!r} is not <tri_attn_backend>+<tri_mul_backend>[:compile mode] with "
-                             f"tri_attn_backend in {TRI_ATTN_BACKENDS}, tri_mul_backend in {TRI_MUL_BACKENDS} and "
-                             f"the mode in {COMPILE_MODES}")
+            raise SystemExit(f"--arms: {arm!r} is not <tri_attn_backend>+<tri_mul_backend>[:compile mode]"
+                             f"[@model_key=value...] with tri_attn_backend in {TRI_ATTN_BACKENDS}, tri_mul_backend in "
+                             f"{TRI_MUL_BACKENDS} and the mode in {COMPILE_MODES}")
+        if cfg is not None and arm_model_overrides(arm):
+            try:
+                arm_model(cfg.model, arm)
+            except (ConfigError, ValueError) as err:
+                raise SystemExit(f"--arms: {arm!r}: {err}") from None
     if not arms:
         raise SystemExit("--arms: no arm given")
     return arms
+
+
+def arm_model(model_cfg, arm: str):
+    """The model config of an arm: its backends and its own overrides applied to ``model_cfg``."""
+    attn, mul, _ = split_arm(arm)
+    cfg = load_config(overrides=arm_model_overrides(arm))     # defaults + the arm's keys, parsed and checked
+    changed = {key.split("=")[0].removeprefix("model.").strip() for key in arm_model_overrides(arm)}
+    return replace(model_cfg, tri_attn_backend=attn, tri_mul_backend=mul,
+                   **{key: getattr(cfg.model, key) for key in changed})
 
 
 def parse_crops(text: str) -> list[int]:
@@ -104,7 +126,7 @@ class Arm:
         attn, mul, mode = split_arm(name)
         self.name, self.cfg, self.device = name, cfg, device
         self.cuda_graphs = (mode or (cfg.trainer.compile_mode if cfg.trainer.compile else None)) == "reduce-overhead"
-        self.model = build_model(replace(cfg.model, tri_attn_backend=attn, tri_mul_backend=mul)).to(device)
+        self.model = build_model(arm_model(cfg.model, name)).to(device)
         self.model.load_state_dict(state)
         if cfg.trainer.compile or mode:   # the blocks compiled, as in training (the arm's mode, else the config's)
             compile_blocks(self.model, mode or cfg.trainer.compile_mode)
@@ -453,7 +475,8 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="a training config (its model and optim)")
     parser.add_argument("--crops", default="256,384,512,640,768", help="crop sizes, benchmarked in this order")
-    parser.add_argument("--arms", default=DEFAULT_ARMS, help="comma-separated <tri_attn_backend>+<tri_mul_backend>")
+    parser.add_argument("--arms", default=DEFAULT_ARMS, help="comma-separated <tri_attn_backend>+<tri_mul_backend>[:compile mode]"
+                        "[@model_key=value...] (the overrides apply to that arm's model only)")
     parser.add_argument("--data", default=None, help="a prepared folder (default: the config's data.cache_dir)")
     parser.add_argument("--rounds", type=int, default=5, help="timed steps per arm, interleaved")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per arm first (compilation, autotuning: "
@@ -464,11 +487,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="", help="suffix of the result file names")
     args, overrides = parser.parse_known_args(argv)   # key=value overrides of the config, as for train.py
-    arm_names, crops = parse_arms(args.arms), parse_crops(args.crops)
+    args.config, cfg = load_bench_config(args.config, overrides, DEFAULT_CONFIG, ("model.n_recycles=0",))
+    arm_names, crops = parse_arms(args.arms, cfg), parse_crops(args.crops)
     profiled = set(parse_crops(args.profile_crops)) if args.profile_crops else {max(crops)}
     if args.rounds < 1 or args.warmup < 1:
         raise SystemExit(f"--rounds and --warmup must be >= 1, got {args.rounds}, {args.warmup}")
-    args.config, cfg = load_bench_config(args.config, overrides, DEFAULT_CONFIG, ("model.n_recycles=0",))
     prepared = Path(args.data or cfg.data.cache_dir)
     if not (prepared / "manifest.tsv").is_file():
         raise SystemExit(f"{prepared}: no manifest.tsv (prepare the data first: python -m mini_of3.data.prepare "

@@ -4,6 +4,7 @@ import json
 import pytest
 
 from mini_of3.bench import step
+from mini_of3.config import ModelConfig, load_config
 
 from .helpers import TINY_MODEL
 
@@ -51,6 +52,14 @@ def test_an_arm_may_name_its_compile_mode():
     assert step.split_arm("mini_of3+cueq:reduce-overhead") == ("mini_of3", "cueq", "reduce-overhead")
     assert step.split_arm("mini_of3+cueq") == ("mini_of3", "cueq", None)
     assert step.parse_arms("torch+torch,torch+torch:default") == ["torch+torch", "torch+torch:default"]
+    arm = "mini_of3+cueq:default@tri_attn_fused_gate=false@n_blocks=2"
+    assert step.split_arm(arm) == ("mini_of3", "cueq", "default")
+    model = step.arm_model(ModelConfig(), arm)
+    assert (model.tri_attn_backend, model.tri_mul_backend, model.tri_attn_fused_gate, model.n_blocks) == \
+        ("mini_of3", "cueq", False, 2)
+    assert step.arm_model(ModelConfig(n_blocks=3), "torch+torch").n_blocks == 3       # no override: the config's
+    with pytest.raises(SystemExit, match="n_blokcs"):
+        step.parse_arms("torch+torch@n_blokcs=2", load_config())
 
 
 @pytest.mark.parametrize("argv,message", [
