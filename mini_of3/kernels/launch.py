@@ -319,12 +319,16 @@ def backward(do, q, k, v, bias, key_bias, o, lse, sigmoid: bool, scale: float, s
     else:         # written by the dQ kernel, exactly, for the dbias and dK/dV kernels
         delta = _new((B, H, I, J), torch.float32, device)
     dq = _new((B, I, J, H, D), q.dtype, device) if grads is None else grads[0]
-    do_attn = do if gate is None else _new(o.shape, o.dtype, device)        # the gated path's dO, o's strides
-    if gate is not None and do_attn.stride() != o.stride():
-        raise ValueError(f"triangle attention: the gated output must be contiguous, got strides {o.stride()}")
-    dq_args = (q, k, v, bias, kb_arg, do, o, lse, delta, dq, q if gate is None else gate,
-               dq if gate is None else grads[3], do_attn,
-               *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *do.stride(), *o.stride(),
+    do_attn, delta0 = do, delta
+    if gate is not None:      # the gate's backward: dg, the attention's own dO (o's strides) and delta0
+        do_attn = _new(o.shape, o.dtype, device)
+        delta0 = _new((B, H, I, J), torch.float32, device) if not sigmoid else delta
+        block_j = 32 if interpreting() else 64
+        K._gate_bwd[(B * I * H * triton.cdiv(J, block_j),)](
+            do, o, gate, grads[3], do_attn, delta0, *do.stride(), *o.stride(), *gate.stride(), *grads[3].stride(),
+            I, J, H, SIGMOID=sigmoid, BLOCK_J=block_j, BLOCK_D=D, num_warps=4)
+    dq_args = (q, k, v, bias, kb_arg, do_attn, o, lse, delta, dq, delta0,
+               *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *do_attn.stride(), *o.stride(),
                *dq.stride(), B, I, J, H, scale)
     dq_fixed = triton.Config({"BLOCK_J": config.dq_block_j, "BLOCK_K": config.dq_block_k, "ROWS": config.dq_rows},
                              num_warps=config.dq_warps, num_stages=config.dq_stages)

@@ -12,9 +12,10 @@ The default path, in launch order (launch.py):
                  follows (softmax), lse.
     _bwd_dq      grid: one program per (query tile, head, ROWS rows i, batch); ROWS rows share each bias tile load.
                  reads q, k, v, bias, key term, dO, and for softmax o and lse; writes dq and, for softmax, the exact
-                 delta = rowsum(p * dP) / rowsum(p), which _bwd_dbias and _bwd_dkdv read. GATED: dO is the gradient
-                 of the gated output and o the gated output; it also reads g and writes dg and the gradient of the
-                 attention's own output (dO * sigmoid(g)), which _bwd_dbias and _bwd_dkdv read as their dO.
+                 delta = rowsum(p * dP) / rowsum(p), which _bwd_dbias and _bwd_dkdv read.
+    (GATED: before it, _gate_bwd: one program per (BLOCK_J query rows, head, row i, batch); reads the gated output,
+                 its gradient and g; writes dg, the attention's own dO = dout * sigmoid(g) that the three backward
+                 kernels read, and delta0 = rowsum(dout * out), which _bwd_dq reads instead of o.)
     _bwd_dbias   grid: one program per (key tile, query tile, head, batch, chunk of rows i), key tile fastest.
                  reads q, k, v, dO, bias, key term, lse, delta; writes dbias, or (when the tiles alone cannot fill
                  the GPU) one float32 partial per chunk of rows:
@@ -228,31 +229,44 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, O, LSE, G,
 
 
 @triton.jit
-def _dq_row_start(Q, DO, O, LSE, G, DG, DO_ATTN, q_base, do_base, o_base, g_base, row_base, offs_j, offs_d,
-                  sq_j, sq_d, sd_j, sd_d, so_j, so_d, sg_j, sg_d, J, J_store, SIGMOID: tl.constexpr,
-                  GATED: tl.constexpr):
+def _gate_bwd(DOUT, OUT, G, DG, DO, DELTA0,
+              sd_b, sd_i, sd_j, sd_h, sd_d, so_b, so_i, so_j, so_h, so_d, sq_b, sq_i, sq_j, sq_h, sq_d,
+              sg_b, sg_i, sg_j, sg_h, sg_d, I, J, H,
+              SIGMOID: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The gate's backward (out = sigmoid(g) o): dg = dout out (1 - sigmoid(g)) (dq's strides), the attention's
+    dO = dout sigmoid(g) (o's strides) and, for softmax, delta0 = rowsum(dO o) = rowsum(dout out) [B, H, I, J]."""
+    jb, h, i, b64 = _query_tile_program(J, H, I, BLOCK_J)
+    offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
+    offs_d = tl.arange(0, BLOCK_D)
+    dout = _load_tile(DOUT + b64 * sd_b + i * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J).to(tl.float32)
+    o_base = b64 * so_b + i * so_i + h * so_h
+    out = _load_tile(OUT + o_base, offs_j, offs_d, so_j, so_d, J).to(tl.float32)
+    gate = tl.sigmoid(_load_tile(G + b64 * sq_b + i * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J).to(tl.float32))
+    inside = offs_j[:, None] < J
+    tl.store(DO + o_base + offs_j[:, None] * so_j + offs_d[None, :] * so_d, (dout * gate).to(DO.dtype.element_ty),
+             mask=inside)
+    tl.store(DG + b64 * sg_b + i * sg_i + h * sg_h + offs_j[:, None] * sg_j + offs_d[None, :] * sg_d,
+             (dout * out * (1.0 - gate)).to(DG.dtype.element_ty), mask=inside)
+    if not SIGMOID:
+        tl.store(DELTA0 + ((b64 * H + h) * I + i) * J + offs_j, tl.sum(dout * out, 1), mask=offs_j < J)
+
+
+
+@triton.jit
+def _dq_row_start(Q, DO, O, LSE, DELTA0, q_base, do_base, o_base, row_base, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d,
+                  so_j, so_d, J, SIGMOID: tl.constexpr, GATED: tl.constexpr):
     """q, dO [BJ, D] and lse, delta0 [BJ] of one row; delta0 = rowsum(dO * o) from the rounded output o (softmax;
-    sigmoid needs neither statistic). GATED (O holds out = sigmoid(g) o, DO its gradient dout): dO = dout sigmoid(g)
-    is stored to DO_ATTN (o's strides) for the later kernels, dg = dout out (1 - sigmoid(g)) to DG (dq's strides),
-    and delta0 = rowsum(dO * o) = rowsum(dout * out); rows from J_store on are not stored."""
+    sigmoid needs neither statistic), or (GATED) as _gate_bwd left it in DELTA0 (a buffer of its own: an autotuning
+    run, which repeats the kernel, must not read the delta a previous run wrote)."""
     q = _load_tile(Q + q_base, offs_j, offs_d, sq_j, sq_d, J)                              # [BJ, D]
     do = _load_tile(DO + do_base, offs_j, offs_d, sd_j, sd_d, J)                           # [BJ, D]
-    if GATED:
-        dout = do.to(tl.float32)
-        out = _load_tile(O + o_base, offs_j, offs_d, so_j, so_d, J).to(tl.float32)         # [BJ, D]
-        gate = tl.sigmoid(_load_tile(G + q_base, offs_j, offs_d, sq_j, sq_d, J).to(tl.float32))
-        do = (dout * gate).to(do.dtype)
-        stored = offs_j[:, None] < J_store
-        tl.store(DO_ATTN + o_base + offs_j[:, None] * so_j + offs_d[None, :] * so_d, do, mask=stored)
-        tl.store(DG + g_base + offs_j[:, None] * sg_j + offs_d[None, :] * sg_d,
-                 (dout * out * (1.0 - gate)).to(DG.dtype.element_ty), mask=stored)
     if SIGMOID:
         lse = tl.zeros(offs_j.shape, dtype=tl.float32)
         delta = lse
     else:
         lse = tl.load(LSE + row_base + offs_j, mask=offs_j < J, other=float("inf"))
         if GATED:
-            delta = tl.sum(dout * out, 1)                                                  # delta0 [BJ]
+            delta = tl.load(DELTA0 + row_base + offs_j, mask=offs_j < J, other=0.0)
         else:
             o = _load_tile(O + o_base, offs_j, offs_d, so_j, so_d, J)                      # [BJ, D]
             delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)                        # delta0 [BJ]
@@ -291,7 +305,7 @@ def _dq_row_store(dq, delta0, p_dp, p_sum, pk, DQ, DELTA, g_base, row_base, offs
 
 
 @triton.jit
-def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ, G, DG, DO_ATTN,
+def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ, DELTA0,
             sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
             sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
             so_b, so_i, so_j, so_h, so_d, sg_b, sg_i, sg_j, sg_h, sg_d,
@@ -310,8 +324,7 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ, G, DG, DO_ATTN,
     and the correction is exact to the product of two small errors (delta - delta0 ~ 2^-9 delta, pk's rounding of p
     ~ 2^-9): the output's rounding residual need not be stored (TurboPairFormer compensates it as well).
 
-    GATED (the forward stored out = sigmoid(g) o): see _dq_row_start; g has q's strides, dg dq's, the stored dO
-    o's."""
+    GATED: dO is the attention's own and delta0 is read from DELTA0, both from _gate_bwd."""
     jb, h, i0, b64 = _query_tile_program(J, H, I, BLOCK_J, ROWS)
     i1 = tl.minimum(i0 + 1, I - 1)
     offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
@@ -322,22 +335,20 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ, G, DG, DO_ATTN,
     bias_base = BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j
     row_base = (b64 * H + h) * I * J                                 # + i * J: into LSE, DELTA [B, H, I, J]
     scale2 = _base2(scale)
-    g_base = b64 * sg_b + h * sg_h                                   # + i * sg_i: into DQ and DG
-    q0, do0, lse0, delta0 = _dq_row_start(Q, DO, O, LSE, G, DG, DO_ATTN, b64 * sq_b + i0 * sq_i + h * sq_h,
+    q0, do0, lse0, delta0 = _dq_row_start(Q, DO, O, LSE, DELTA0, b64 * sq_b + i0 * sq_i + h * sq_h,
                                           b64 * sd_b + i0 * sd_i + h * sd_h, b64 * so_b + i0 * so_i + h * so_h,
-                                          g_base + i0 * sg_i, row_base + i0 * J, offs_j, offs_d, sq_j, sq_d, sd_j,
-                                          sd_d, so_j, so_d, sg_j, sg_d, J, J, SIGMOID, GATED)
+                                          row_base + i0 * J, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d, so_j, so_d, J,
+                                          SIGMOID, GATED)
     dq0 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
     p_dp0 = tl.zeros([BLOCK_J], dtype=tl.float32)
     p_sum0 = tl.zeros([BLOCK_J], dtype=tl.float32)
     pk0 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
     mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
     if ROWS == 2:
-        q1, do1, lse1, delta1 = _dq_row_start(Q, DO, O, LSE, G, DG, DO_ATTN, b64 * sq_b + i1 * sq_i + h * sq_h,
+        q1, do1, lse1, delta1 = _dq_row_start(Q, DO, O, LSE, DELTA0, b64 * sq_b + i1 * sq_i + h * sq_h,
                                               b64 * sd_b + i1 * sd_i + h * sd_h, b64 * so_b + i1 * so_i + h * so_h,
-                                              g_base + i1 * sg_i, row_base + i1 * J, offs_j, offs_d, sq_j, sq_d,
-                                              sd_j, sd_d, so_j, so_d, sg_j, sg_d, J, tl.where(i0 + 1 < I, J, 0),
-                                              SIGMOID, GATED)
+                                              row_base + i1 * J, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d, so_j,
+                                              so_d, J, SIGMOID, GATED)
         dq1 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
         p_dp1 = tl.zeros([BLOCK_J], dtype=tl.float32)
         p_sum1 = tl.zeros([BLOCK_J], dtype=tl.float32)
@@ -357,6 +368,7 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ, G, DG, DO_ATTN,
             dq1, p_dp1, p_sum1, pk1 = _dq_row_step(q1, do1, k_base + i1 * sk_i, v_base + i1 * sv_i, bias_t, mask1,
                                                    lse1, delta1, dq1, p_dp1, p_sum1, pk1, offs_k, offs_d, sk_j, sk_d,
                                                    sv_j, sv_d, J, scale2, SIGMOID, SPLIT_DS, FAST_EXP, DOT_PREC)
+    g_base = b64 * sg_b + h * sg_h
     _dq_row_store(dq0, delta0, p_dp0, p_sum0, pk0, DQ, DELTA, g_base + i0 * sg_i, row_base + i0 * J, offs_j,
                   offs_d, sg_j, sg_d, J, scale, SIGMOID)
     if ROWS == 2:

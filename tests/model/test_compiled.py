@@ -91,13 +91,14 @@ def test_compile_blocks_sets_and_uncompile_restores_every_stack(mode, monkeypatc
 
 def test_cuda_graphs_with_activation_checkpointing_warn_and_compile_in_the_default_mode(monkeypatch):
     """reduce-overhead on checkpointed stacks (CUDA graph trees cannot replay a recomputed block) falls back to the
-    default mode with one warning; without checkpointing the mode is kept."""
+    default mode with one warning (the blocks; the sampler step, never checkpointed, keeps it); without
+    checkpointing the mode is kept."""
     modes = []
     real_compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: modes.append(kw.get("mode")) or real_compile(fn, **kw))
     with pytest.warns(UserWarning, match="model.checkpointing=false"):
         compile_blocks(build_model(tiny_config(checkpointing=True)), "reduce-overhead")
-    assert modes == ["default", "default"]
+    assert modes == ["default", "reduce-overhead"]
     modes.clear()
     compile_blocks(build_model(tiny_config(checkpointing=False)), "reduce-overhead")
     assert modes == ["reduce-overhead", "reduce-overhead"]
@@ -173,3 +174,11 @@ def test_cuda_graph_mode_trains_and_samples_as_the_default_mode():
     assert all(torch.equal(a, b) for a, b in zip(l0, l1)), (l0, l1)
     assert g0.keys() == g1.keys() and all(torch.equal(g0[n], g1[n]) for n in g0)
     assert torch.equal(x0, x1)
+
+
+def test_the_sampler_step_runs_as_a_cuda_graph_on_cuda_in_the_default_mode_too():
+    from mini_of3.model.compiled import sampler_compile_mode
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert sampler_compile_mode("default", cuda) == sampler_compile_mode("reduce-overhead", cuda) == "reduce-overhead"
+    assert sampler_compile_mode("default", cpu) == "default"
+    assert sampler_compile_mode("max-autotune-no-cudagraphs", cuda) == "max-autotune-no-cudagraphs"
