@@ -130,15 +130,18 @@ class Arm:
         self.model.load_state_dict(state)
         if cfg.trainer.compile or mode:   # the blocks compiled, as in training (the arm's mode, else the config's)
             compile_blocks(self.model, mode or cfg.trainer.compile_mode)
+        # CUDA graphs in this arm: the blocks' (reduce-overhead) or the sampler step's (any compiled CUDA arm)
+        self.graphed = self.cuda_graphs or ((cfg.trainer.compile or mode is not None) and device.type == "cuda")
         self.optimizer, _ = build_optimizer(self.model, cfg.optim)
         self.slow_from: int | None = None          # the first crop at which a step took longer than SLOW_STEP_S
 
     def step(self, batch: dict) -> float:
         """One training step (same dropout masks and diffusion noise for every arm); returns the loss."""
         cuda = self.device.type == "cuda"
-        if self.cuda_graphs:
+        if self.graphed:
             # each step a new generation of the CUDA graph trees: interleaved arms otherwise leave another arm's
-            # memory behind each step, and the graphs re-record (5-11 s steps at 256-512, step_ro2/ro3)
+            # memory behind each step, and the graphs re-record (5-11 s steps at 256-512, step_ro2/ro3; 3-10 s
+            # rounds of the default mode's graphed sampler step, step_g2)
             torch.compiler.cudagraph_mark_step_begin()
         self.model.train()
         torch.manual_seed(self.cfg.seed)
