@@ -29,7 +29,7 @@ from mini_of3.bench.common import (load_bench_config, package_versions, peak_mib
 from mini_of3.config import ConfigError, load_config
 from mini_of3.losses import compute_losses
 from mini_of3.model import build_model
-from mini_of3.model.compiled import compile_blocks
+from mini_of3.model.compiled import compile_blocks, sampler_compile_mode
 from mini_of3.model.tri_attn_backends import TRI_ATTN_BACKENDS
 from mini_of3.model.tri_mul_backends import TRI_MUL_BACKENDS
 from mini_of3.training.optim import build_optimizer
@@ -128,10 +128,12 @@ class Arm:
         self.cuda_graphs = (mode or (cfg.trainer.compile_mode if cfg.trainer.compile else None)) == "reduce-overhead"
         self.model = build_model(arm_model(cfg.model, name)).to(device)
         self.model.load_state_dict(state)
-        if cfg.trainer.compile or mode:   # the blocks compiled, as in training (the arm's mode, else the config's)
+        compiled = cfg.trainer.compile or mode is not None
+        if compiled:   # the blocks compiled, as in training (the arm's mode, else the config's)
             compile_blocks(self.model, mode or cfg.trainer.compile_mode)
-        # CUDA graphs in this arm: the blocks' (reduce-overhead) or the sampler step's (any compiled CUDA arm)
-        self.graphed = self.cuda_graphs or ((cfg.trainer.compile or mode is not None) and device.type == "cuda")
+        # CUDA graphs in this arm: the blocks' (reduce-overhead) or the sampler step's (sampler_compile_mode)
+        self.graphed = self.cuda_graphs or (
+            compiled and sampler_compile_mode(mode or cfg.trainer.compile_mode, device) == "reduce-overhead")
         self.optimizer, _ = build_optimizer(self.model, cfg.optim)
         self.slow_from: int | None = None          # the first crop at which a step took longer than SLOW_STEP_S
 

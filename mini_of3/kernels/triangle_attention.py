@@ -158,8 +158,7 @@ _fwd_op.register_autograd(_autograd_backward, setup_context=_setup_context)
 def _gated_fwd_op(qkvg: torch.Tensor, bias: torch.Tensor, key_bias: torch.Tensor | None, sigmoid: bool,
                   scale: float, residuals: bool, split_ds: bool, fast_exp: bool
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    q, k, v, g = qkvg.unbind(3)
-    return launch.forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp, gate=g)
+    return _gated_forward(qkvg, bias, key_bias, sigmoid, scale, residuals, fast_exp)
 
 
 @_gated_fwd_op.register_fake
@@ -179,6 +178,12 @@ def _gated_bwd_op(dout: torch.Tensor, qkvg: torch.Tensor, bias: torch.Tensor, ke
 @_gated_bwd_op.register_fake
 def _gated_bwd_fake(dout, qkvg, bias, key_bias, out, lse, sigmoid, scale, split_ds, fast_exp):
     return qkvg.new_empty(qkvg.shape), bias.new_empty(bias.shape)
+
+
+def _gated_forward(qkvg, bias, key_bias, sigmoid, scale, residuals, fast_exp):
+    """sigmoid(g) * o [B, I, J, H, D] and lse, from the packed qkvg [B, I, J, 4, H, D]."""
+    q, k, v, g = qkvg.unbind(3)
+    return launch.forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp, gate=g)
 
 
 def _gated_backward(dout, qkvg, bias, key_bias, out, lse, sigmoid, scale, split_ds, fast_exp):
@@ -214,8 +219,7 @@ class _EagerGatedTriangleAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qkvg, bias, key_bias, sigmoid, scale, residuals, split_ds, fast_exp):
-        q, k, v, g = qkvg.unbind(3)
-        output = launch.forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp, gate=g)
+        output = _gated_forward(qkvg, bias, key_bias, sigmoid, scale, residuals, fast_exp)
         _gated_setup_context(ctx, (qkvg, bias, key_bias, sigmoid, scale, residuals, split_ds, fast_exp), output)
         return output
 
@@ -274,7 +278,7 @@ def triangle_attention(
     if backend == "torch":
         return triangle_attention_ref(q, k, v, bias, mask, activation=activation, scale=scale,
                                       sigmoid_bias=sigmoid_bias)
-    call = _kernel_call(q, (q, k, v, bias), bias, mask, activation, scale, sigmoid_bias)
+    call = _kernel_call(q, (q, k, v, bias), mask, activation, scale, sigmoid_bias)
     if not call["residuals"] and not torch.compiler.is_compiling():   # inference: no autograd node (~10 us)
         return launch.forward(q, k, v, bias, *call["forward"])[0]
     apply = _fwd_op if torch.compiler.is_compiling() else _EagerTriangleAttention.apply
@@ -310,7 +314,7 @@ def gated_triangle_attention(
     if backend == "torch":
         return torch.sigmoid(g) * triangle_attention_ref(q, k, v, bias, mask, activation=activation, scale=scale,
                                                          sigmoid_bias=sigmoid_bias)
-    call = _kernel_call(q, (qkvg, bias), bias, mask, activation, scale, sigmoid_bias)
+    call = _kernel_call(q, (qkvg, bias), mask, activation, scale, sigmoid_bias)
     if not call["residuals"] and not torch.compiler.is_compiling():
         return launch.forward(q, k, v, bias, *call["forward"], gate=g)[0]
     apply = _gated_fwd_op if torch.compiler.is_compiling() else _EagerGatedTriangleAttention.apply
@@ -318,8 +322,8 @@ def gated_triangle_attention(
     return out
 
 
-def _kernel_call(q: torch.Tensor, inputs: tuple, bias: torch.Tensor, mask: torch.Tensor | None, activation: str,
-                 scale: float | None, sigmoid_bias: float | None) -> dict:
+def _kernel_call(q: torch.Tensor, inputs: tuple, mask: torch.Tensor | None, activation: str, scale: float | None,
+                 sigmoid_bias: float | None) -> dict:
     """What the kernels need beyond the tensors: ``forward``, the trailing arguments of launch.forward for an
     inference call; ``op``, those of the custom ops; ``residuals``, whether a backward will follow."""
     B, I, J, H, D = q.shape

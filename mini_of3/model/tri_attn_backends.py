@@ -24,6 +24,7 @@ from mini_of3.kernels import gated_triangle_attention, triangle_attention
 from mini_of3.kernels.triangle_attention import SUPPORTED_HEAD_DIMS
 
 TRI_ATTN_BACKENDS = ("auto", "mini_of3", "torch", "trifast", "cueq", "of3_triton")
+_KERNEL_BACKENDS = {"auto": "auto", "mini_of3": "triton", "torch": "torch"}   # ours -> the kernels' backend=
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 _ANCHOR_PACKAGES = {
@@ -104,8 +105,8 @@ def tri_attn_backend(name: str, activation: str = "softmax") -> Attend:
         raise ValueError(f"tri_attn_backend must be one of {TRI_ATTN_BACKENDS}, got {name!r}")
     if activation not in ("softmax", "sigmoid"):
         raise ValueError(f"tri_attn_activation must be 'softmax' or 'sigmoid', got {activation!r}")
-    if name in ("auto", "mini_of3", "torch"):
-        return _mini_of3({"auto": "auto", "mini_of3": "triton", "torch": "torch"}[name], activation)
+    if name in _KERNEL_BACKENDS:
+        return _mini_of3(_KERNEL_BACKENDS[name], activation)
     if activation != "softmax":
         raise ValueError(f"tri_attn_backend {name!r} implements softmax attention only, got "
                          f"tri_attn_activation={activation!r}")
@@ -121,9 +122,9 @@ def tri_attn_backend_gated(name: str, activation: str = "softmax"):
     and g packed [B, I, J, 4, H, D] (:func:`mini_of3.kernels.gated_triangle_attention`: the gate in the kernels, the
     four gradients in one buffer); None for the anchors, which take q, k, v only (the model gates around them).
     ``name`` and ``activation`` are checked by :func:`tri_attn_backend`."""
-    if name not in ("auto", "mini_of3", "torch"):
+    if name not in _KERNEL_BACKENDS:
         return None
-    kernel_backend = {"auto": "auto", "mini_of3": "triton", "torch": "torch"}[name]
+    kernel_backend = _KERNEL_BACKENDS[name]
 
     def attend_gated(qkvg, bias, mask):
         return gated_triangle_attention(qkvg, bias, mask, activation=activation, backend=kernel_backend)
