@@ -197,9 +197,15 @@ def forward(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_
     return out, ab, t, gpre, stats_in, stats_out
 
 
-def _batch_sum(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Sum over the leading (batch or program) axis in float32, in order, cast to ``dtype``."""
-    return x.float().sum(0).to(dtype)
+def _weight_grad(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """sum_batch a @ b for [B, M, K] @ [B, K, P] in the compute dtype, cast to ``dtype``: a weight gradient (K the
+    N * N pairs). On CUDA cuBLAS writes float32 itself (``out_dtype``), one GEMM and no other kernel when B = 1;
+    elsewhere the product is rounded to the compute dtype first, then summed over the batch in float32, in order."""
+    if a.is_cuda and a.dtype in (torch.bfloat16, torch.float16):
+        if a.shape[0] == 1:
+            return torch.mm(a[0], b[0], out_dtype=torch.float32).to(dtype)
+        return torch.bmm(a, b, out_dtype=torch.float32).sum(0).to(dtype)
+    return torch.matmul(a, b).float().sum(0).to(dtype)
 
 
 def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out, ab, t, gpre, stats_in,
@@ -223,7 +229,7 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
         dt, ta, dy, dgpre, part_out, *dout.stride(), N, NN, C=C, H=h, DOT_PREC=prec, BLOCK_P=tiles.out_bwd_p,
         BLOCK_C=_pow2(C), BLOCK_H=_pow2(h), num_warps=tiles.out_bwd_warps)
     d_ln_out = part_out.sum(0)[:, :h]                                            # [2, h]
-    d_p_out = _batch_sum(torch.matmul(dy.mT, ta.mT), p_out.dtype)                # [B, C, h] -> [C, h]
+    d_p_out = _weight_grad(dy.mT, ta.mT, p_out.dtype)                # [B, C, h] -> [C, h]
     del dy, ta
 
     # the contraction: outgoing t = a b^T, incoming t = a^T b, per channel
@@ -250,8 +256,8 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
         C=C, H=h, HAS_MASK=mask is not None, DOT_PREC=prec, BLOCK_M=tiles.proj_bwd_m, BLOCK_C=_pow2(C),
         BLOCK_HC=tiles.proj_bwd_hc, num_warps=tiles.proj_bwd_warps, num_stages=tiles.proj_bwd_stages)
     d_ln_in = part_in.sum(0)[:, :C]                                              # [2, C]
-    d_pg = _batch_sum(torch.matmul(dpg, x), torch.float32)                      # [4 h, C]
-    d_g_out = _batch_sum(torch.matmul(dgpre.view(B, NN, C).mT, x), g_out.dtype)  # [C, C]
+    d_pg = _weight_grad(dpg, x, torch.float32)                      # [4 h, C]
+    d_g_out = _weight_grad(dgpre.view(B, NN, C).mT, x, g_out.dtype)  # [C, C]
     # separate tensors, not views of one (a custom op's outputs may not alias each other)
     grads = (d_ln_in[0], d_ln_in[1], d_pg[:2 * h], d_pg[2 * h:], d_ln_out[0], d_ln_out[1])
     dtypes = (ln_in_w.dtype, ln_in_b.dtype, p_in.dtype, g_in.dtype, ln_out_w.dtype, ln_out_b.dtype)
