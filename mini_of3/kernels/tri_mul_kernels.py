@@ -14,15 +14,16 @@ The default path, in launch order (triangle_multiplication.py):
                 LayerNorm over h, p_out, the gate: writes the output [B, N, N, C] and the statistics of t.
 backward:
     _tri_mul_out_bwd    reads t, its statistics, norm_out, p_out, the g_out pre-activation, dout; writes dt channels-first,
-                d(g_out pre-activation) and dy = dout * sigmoid(g) [B, N, N, C], the affine LayerNorm output of t
+                dy = dout * sigmoid(g) [B, N, N, C], d(g_out pre-activation) channels-first into the last C rows of
+                the projections' gradient buffer [B, 4 h + C, N, N], the affine LayerNorm output of t
                 channels-first (the operand of the p_out weight GEMM), and per-program partial sums of the
                 norm_out weight and bias gradients.
     (cuBLAS)    da, db from dt, a, b (transposed operands, no copies); the p_out weight gradient dy^T @ ta^T.
     _tri_mul_proj_bwd   reads z, its statistics, the mask, the weights, da, db, d(g_out pre-activation); recomputes the
-                LayerNorm and the projections; writes dz, d(projections) channels-first [B, 4 h, N, N], the
-                normalised z in the compute dtype [B, N, N, C] (the weight GEMMs' operand) and per-program partial
-                sums of the norm_in weight and bias gradients.
-    (cuBLAS)    the p_in, g_in and g_out weight gradients as GEMMs over the materialised operands.
+                LayerNorm and the projections; writes dz, d(projections) channels-first into the first 4 h rows
+                of that buffer, the normalised z in the compute dtype [B, N, N, C] (the weight GEMMs' operand) and
+                per-program partial sums of the norm_in weight and bias gradients.
+    (cuBLAS)    the p_in, g_in and g_out weight gradients as one GEMM over the materialised operands.
 No atomics: every element is written by one program; the reductions over pairs are cuBLAS GEMMs or per-program
 partials that torch sums in a fixed order afterwards.
 """
@@ -151,11 +152,12 @@ def _tri_mul_out_fwd(T, LN_W, LN_B, W_PO, GPRE, OUT, MEAN, RSTD, NN, eps,
 
 @triton.jit
 def _tri_mul_out_bwd(T, LN_W, LN_B, W_PO, GPRE, DOUT, MEAN, RSTD, DT, TA, DY, DGPRE, PART,
-             sd_b, sd_i, sd_j, sd_c, N, NN,
+             sd_b, sd_i, sd_j, sd_c, sdg_b, N, NN,
              C: tl.constexpr, H: tl.constexpr, DOT_PREC: tl.constexpr,
              BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr):
-    """The backward of _tri_mul_out_fwd for BLOCK_P pairs: d(g pre-activation), dy = dout * sigmoid(g) and the affine
-    LayerNorm output ta (operands of the weight GEMMs), dt channels-first, partials of the norm_out gradients."""
+    """The backward of _tri_mul_out_fwd for BLOCK_P pairs: d(g pre-activation) channels-first (batch stride sdg_b),
+    dy = dout * sigmoid(g) and the affine LayerNorm output ta (operands of the weight GEMMs), dt channels-first,
+    partials of the norm_out gradients."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     cdt = W_PO.dtype.element_ty
@@ -180,7 +182,8 @@ def _tri_mul_out_bwd(T, LN_W, LN_B, W_PO, GPRE, DOUT, MEAN, RSTD, DT, TA, DY, DG
     dout_ptrs = DOUT + b * sd_b + _pair_offsets(rows, N, sd_i, sd_j)[:, None] + offs_c[None, :] * sd_c
     dout = tl.load(dout_ptrs, mask=io_mask, other=0.0).to(tl.float32)
     dy = (dout * g).to(cdt)
-    tl.store(DGPRE + io, (dout * y * g * (1.0 - g)).to(cdt), mask=io_mask)
+    tl.store(DGPRE + b * sdg_b + offs_c[None, :] * NN + rows[:, None], (dout * y * g * (1.0 - g)).to(cdt),
+             mask=io_mask)
     tl.store(DY + io, dy, mask=io_mask)
     tl.store(TA + (b * H + offs_h)[None, :] * NN + rows[:, None], ta, mask=in_rows[:, None] & in_h[None, :])
     dta = _dot(dy, tl.trans(w_po_t), DOT_PREC)                                     # [BP, BH]
@@ -195,13 +198,13 @@ def _tri_mul_out_bwd(T, LN_W, LN_B, W_PO, GPRE, DOUT, MEAN, RSTD, DT, TA, DY, DG
 
 
 @triton.jit
-def _tri_mul_proj_bwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, DAB, DGPRE, MEAN, RSTD, DZ, DPG, X, PART,
+def _tri_mul_proj_bwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, DAB, MEAN, RSTD, DZ, DPG, X, PART,
               sz_b, sz_i, sz_j, sz_c, sm_b, sm_i, sm_j, N, NN, AB_PART,
               C: tl.constexpr, H: tl.constexpr, HAS_MASK: tl.constexpr, DOT_PREC: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HC: tl.constexpr):
     """The backward of _tri_mul_proj_fwd for BLOCK_M pairs: recomputes x and the projections; writes d(projections)
-    channels-first [B, 4 h, NN] (rows: p_in's 2 h, then g_in's 2 h), x in the compute dtype, dz, and partials of
-    the norm_in gradients."""
+    channels-first into DPG [B, 4 h + C, NN] (rows: p_in's 2 h, then g_in's 2 h; the last C rows hold d(g_out
+    pre-activation), read here), x in the compute dtype, dz, and partials of the norm_in gradients."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     cdt = W_P.dtype.element_ty
@@ -221,7 +224,8 @@ def _tri_mul_proj_bwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, DAB, DGPRE, MEAN, RST
     io_mask = in_rows[:, None] & in_c[None, :]
     tl.store(X + io, x, mask=io_mask)
     m = _pair_mask(MASK, b, rows, in_rows, N, sm_b, sm_i, sm_j, HAS_MASK)
-    dgpre = tl.load(DGPRE + io, mask=io_mask, other=0.0)                           # [BM, BC], compute dtype
+    dpg_b = DPG + b * (4 * H + C) * NN
+    dgpre = tl.load(dpg_b + (4 * H + offs_c)[None, :] * NN + rows[:, None], mask=io_mask, other=0.0)   # [BM, BC]
     w_go = tl.load(W_GO + offs_c[:, None] * C + offs_c[None, :], mask=in_c[:, None] & in_c[None, :], other=0.0)
     dx = _dot(dgpre, w_go, DOT_PREC)                                               # [BM, BC]
     for part in tl.static_range(2):
@@ -237,8 +241,8 @@ def _tri_mul_proj_bwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, DAB, DGPRE, MEAN, RST
                           other=0.0).to(tl.float32) * m[:, None]
             dp = (dab * s).to(cdt)
             dg = (dab * p * s * (1.0 - s)).to(cdt)
-            tl.store(DPG + (b * 4 * H + part * H + ch)[None, :] * NN + rows[:, None], dp, mask=cf_mask)
-            tl.store(DPG + (b * 4 * H + 2 * H + part * H + ch)[None, :] * NN + rows[:, None], dg, mask=cf_mask)
+            tl.store(dpg_b + (part * H + ch)[None, :] * NN + rows[:, None], dp, mask=cf_mask)
+            tl.store(dpg_b + (2 * H + part * H + ch)[None, :] * NN + rows[:, None], dg, mask=cf_mask)
             dx = _dot(dp, tl.trans(w_p_t), DOT_PREC, acc=dx)
             dx = _dot(dg, tl.trans(w_g_t), DOT_PREC, acc=dx)
     part_ptr = PART + (b * tl.num_programs(0) + pid) * 2 * BLOCK_C + offs_c

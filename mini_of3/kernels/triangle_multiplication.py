@@ -221,12 +221,14 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
     dt = _new((B * h, N, N), cdt, dev)
     ta = _new((B, h, NN), cdt, dev)
     dy = _new((B, NN, C), cdt, dev)
-    dgpre = _new((B, N, N, C), cdt, dev)
+    # the input side's weight-gradient operand: d(p_in, g_in) in rows 0..4h-1 (written by _tri_mul_proj_bwd),
+    # d(g_out pre-activation) in the last C rows (written here), so one GEMM gives all three weight gradients
+    dpg = _new((B, 4 * h + C, NN), cdt, dev)
     grid_p = (triton.cdiv(NN, tiles.out_bwd_p), B)
     part_out = _new((grid_p[0] * B, 2, _pow2(h)), torch.float32, dev)
     K._tri_mul_out_bwd[grid_p](
         t, ln_out_w.float().contiguous(), ln_out_b.float().contiguous(), w_po, gpre, dout, stats_out[0], stats_out[1],
-        dt, ta, dy, dgpre, part_out, *dout.stride(), N, NN, C=C, H=h, DOT_PREC=prec, BLOCK_P=tiles.out_bwd_p,
+        dt, ta, dy, dpg[:, 4 * h:], part_out, *dout.stride(), dpg.stride(0), N, NN, C=C, H=h, DOT_PREC=prec, BLOCK_P=tiles.out_bwd_p,
         BLOCK_C=_pow2(C), BLOCK_H=_pow2(h), num_warps=tiles.out_bwd_warps)
     d_ln_out = part_out.sum(0)[:, :h]                                            # [2, h]
     d_p_out = _weight_grad(dy.mT, ta.mT, p_out.dtype)                # [B, C, h] -> [C, h]
@@ -245,23 +247,22 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
 
     # input side: LayerNorm over C, the projections, gates and mask
     dz = _new(z.shape, z.dtype, dev)
-    dpg = _new((B, 4 * h, NN), cdt, dev)
     x = _new((B, NN, C), cdt, dev)
     grid_m = (triton.cdiv(NN, tiles.proj_bwd_m), B)
     part_in = _new((grid_m[0] * B, 2, _pow2(C)), torch.float32, dev)
     m_arg, m_strides = (mask, mask.stride()) if mask is not None else (z, (0, 0, 0))
     K._tri_mul_proj_bwd[grid_m](
-        z, m_arg, ln_in_w.float().contiguous(), ln_in_b.float().contiguous(), w_p, w_g, w_go, dab, dgpre,
+        z, m_arg, ln_in_w.float().contiguous(), ln_in_b.float().contiguous(), w_p, w_g, w_go, dab,
         stats_in[0], stats_in[1], dz, dpg, x, part_in, *z.stride(), *m_strides, N, NN, B * h * NN,
         C=C, H=h, HAS_MASK=mask is not None, DOT_PREC=prec, BLOCK_M=tiles.proj_bwd_m, BLOCK_C=_pow2(C),
         BLOCK_HC=tiles.proj_bwd_hc, num_warps=tiles.proj_bwd_warps, num_stages=tiles.proj_bwd_stages)
     d_ln_in = part_in.sum(0)[:, :C]                                              # [2, C]
-    d_pg = _weight_grad(dpg, x, torch.float32)                      # [4 h, C]
-    d_g_out = _weight_grad(dgpre.view(B, NN, C).mT, x, g_out.dtype)  # [C, C]
+    d_pg = _weight_grad(dpg, x, torch.float32)                                   # [4 h + C, C]
     # separate tensors, not views of one (a custom op's outputs may not alias each other)
-    grads = (d_ln_in[0], d_ln_in[1], d_pg[:2 * h], d_pg[2 * h:], d_ln_out[0], d_ln_out[1])
+    grads = (d_ln_in[0], d_ln_in[1], d_pg[:2 * h], d_pg[2 * h:4 * h], d_ln_out[0], d_ln_out[1])
     dtypes = (ln_in_w.dtype, ln_in_b.dtype, p_in.dtype, g_in.dtype, ln_out_w.dtype, ln_out_b.dtype)
-    return (dz, *(g.to(dtype, copy=True) for g, dtype in zip(grads, dtypes)), d_p_out, d_g_out)
+    return (dz, *(g.to(dtype, copy=True) for g, dtype in zip(grads, dtypes)), d_p_out,
+            d_pg[4 * h:].to(g_out.dtype, copy=True))
 
 
 # ---------------------------------------------------------------------------------------------------------------
