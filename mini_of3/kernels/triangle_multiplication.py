@@ -37,6 +37,8 @@ from mini_of3.kernels.reference import triangle_multiplication_reference
 
 BACKENDS = ("auto", "triton", "torch")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# torch.mm / torch.bmm take out_dtype (float32 from 16-bit inputs, CUDA) from torch 2.8 on
+_GEMM_OUT_DTYPE = torch.torch_version.TorchVersion(torch.__version__) >= "2.8"
 WEIGHT_NAMES = ("norm_in_weight", "norm_in_bias", "p_in_weight", "g_in_weight", "norm_out_weight", "norm_out_bias",
                 "p_out_weight", "g_out_weight")
 
@@ -201,7 +203,7 @@ def _weight_grad(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.
     """sum_batch a @ b for [B, M, K] @ [B, K, P] in the compute dtype, cast to ``dtype``: a weight gradient (K the
     N * N pairs). On CUDA cuBLAS writes float32 itself (``out_dtype``), one GEMM and no other kernel when B = 1;
     elsewhere the product is rounded to the compute dtype first, then summed over the batch in float32, in order."""
-    if a.is_cuda and a.dtype in (torch.bfloat16, torch.float16):
+    if _GEMM_OUT_DTYPE and a.is_cuda and a.dtype in (torch.bfloat16, torch.float16):
         if a.shape[0] == 1:
             return torch.mm(a[0], b[0], out_dtype=torch.float32).to(dtype)
         return torch.bmm(a, b, out_dtype=torch.float32).sum(0).to(dtype)
