@@ -151,12 +151,12 @@ def _tri_mul_out_fwd(T, LN_W, LN_B, W_PO, GPRE, OUT, MEAN, RSTD, NN, eps,
 
 
 @triton.jit
-def _tri_mul_out_bwd(T, LN_W, LN_B, W_PO, GPRE, DOUT, MEAN, RSTD, DT, TA, DY, DGPRE, PART,
-             sd_b, sd_i, sd_j, sd_c, sdg_b, N, NN,
+def _tri_mul_out_bwd(T, LN_W, LN_B, W_PO, GPRE, DOUT, MEAN, RSTD, DT, TA, DY, DPG, PART,
+             sd_b, sd_i, sd_j, sd_c, N, NN,
              C: tl.constexpr, H: tl.constexpr, DOT_PREC: tl.constexpr,
              BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr):
-    """The backward of _tri_mul_out_fwd for BLOCK_P pairs: d(g pre-activation) channels-first (batch stride sdg_b),
-    dy = dout * sigmoid(g) and the affine LayerNorm output ta (operands of the weight GEMMs), dt channels-first,
+    """The backward of _tri_mul_out_fwd for BLOCK_P pairs: d(g pre-activation) channels-first into the last C rows
+    of DPG [B, 4 h + C, NN], dy = dout * sigmoid(g) and the affine LayerNorm output ta (operands of the weight GEMMs), dt channels-first,
     partials of the norm_out gradients."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -182,8 +182,8 @@ def _tri_mul_out_bwd(T, LN_W, LN_B, W_PO, GPRE, DOUT, MEAN, RSTD, DT, TA, DY, DG
     dout_ptrs = DOUT + b * sd_b + _pair_offsets(rows, N, sd_i, sd_j)[:, None] + offs_c[None, :] * sd_c
     dout = tl.load(dout_ptrs, mask=io_mask, other=0.0).to(tl.float32)
     dy = (dout * g).to(cdt)
-    tl.store(DGPRE + b * sdg_b + offs_c[None, :] * NN + rows[:, None], (dout * y * g * (1.0 - g)).to(cdt),
-             mask=io_mask)
+    dgpre_ptrs = DPG + b * (4 * H + C) * NN + (4 * H + offs_c)[None, :] * NN + rows[:, None]
+    tl.store(dgpre_ptrs, (dout * y * g * (1.0 - g)).to(cdt), mask=io_mask)
     tl.store(DY + io, dy, mask=io_mask)
     tl.store(TA + (b * H + offs_h)[None, :] * NN + rows[:, None], ta, mask=in_rows[:, None] & in_h[None, :])
     dta = _dot(dy, tl.trans(w_po_t), DOT_PREC)                                     # [BP, BH]

@@ -230,10 +230,10 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
     part_out = _new((grid_p[0] * B, 2, _pow2(h)), torch.float32, dev)
     K._tri_mul_out_bwd[grid_p](
         t, ln_out_w.float().contiguous(), ln_out_b.float().contiguous(), w_po, gpre, dout, stats_out[0], stats_out[1],
-        dt, ta, dy, dpg[:, 4 * h:], part_out, *dout.stride(), dpg.stride(0), N, NN, C=C, H=h, DOT_PREC=prec, BLOCK_P=tiles.out_bwd_p,
+        dt, ta, dy, dpg, part_out, *dout.stride(), N, NN, C=C, H=h, DOT_PREC=prec, BLOCK_P=tiles.out_bwd_p,
         BLOCK_C=_pow2(C), BLOCK_H=_pow2(h), num_warps=tiles.out_bwd_warps)
     d_ln_out = part_out.sum(0)[:, :h]                                            # [2, h]
-    d_p_out = _weight_grad(dy.mT, ta.mT, p_out.dtype)                # [B, C, h] -> [C, h]
+    d_p_out = _weight_grad(dy.mT, ta.mT, p_out.dtype)                            # [C, h]
     del dy, ta
 
     # the contraction: outgoing t = a b^T, incoming t = a^T b, per channel
