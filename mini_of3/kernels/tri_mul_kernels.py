@@ -156,8 +156,8 @@ def _tri_mul_out_bwd(T, LN_W, LN_B, W_PO, GPRE, DOUT, MEAN, RSTD, DT, TA, DY, DP
              C: tl.constexpr, H: tl.constexpr, DOT_PREC: tl.constexpr,
              BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr):
     """The backward of _tri_mul_out_fwd for BLOCK_P pairs: d(g pre-activation) channels-first into the last C rows
-    of DPG [B, 4 h + C, NN], dy = dout * sigmoid(g) and the affine LayerNorm output ta (operands of the weight GEMMs), dt channels-first,
-    partials of the norm_out gradients."""
+    of DPG [B, 4 h + C, NN], dy = dout * sigmoid(g) and the affine LayerNorm output ta (operands of the weight
+    GEMMs), dt channels-first, partials of the norm_out gradients."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     cdt = W_PO.dtype.element_ty
