@@ -8,10 +8,13 @@ Public API (DESIGN.md, Tensor conventions):
     triangle_multiplication(z, mask=None, *, direction="outgoing", norm_in_weight, norm_in_bias, p_in_weight,
                             g_in_weight, norm_out_weight, norm_out_bias, p_out_weight, g_out_weight, eps=1e-5,
                             backend="auto") -> [B, N, N, C]
+    transition(x, *, norm_weight, norm_bias, a_weight, b_weight, out_weight, eps=1e-5, backend="auto") -> [..., C]
 """
-from mini_of3.kernels.reference import triangle_attention_ref, triangle_multiplication_reference
+from mini_of3.kernels.reference import (transition_reference, triangle_attention_ref,
+                                        triangle_multiplication_reference)
 from mini_of3.kernels.triangle_attention import gated_triangle_attention, triangle_attention
+from mini_of3.kernels.transition import transition
 from mini_of3.kernels.triangle_multiplication import triangle_multiplication
 
-__all__ = ["gated_triangle_attention", "triangle_attention", "triangle_attention_ref", "triangle_multiplication",
-           "triangle_multiplication_reference"]
+__all__ = ["gated_triangle_attention", "transition", "transition_reference", "triangle_attention",
+           "triangle_attention_ref", "triangle_multiplication", "triangle_multiplication_reference"]

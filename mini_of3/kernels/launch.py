@@ -12,6 +12,7 @@ order: tri_attn_kernels.py.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -25,6 +26,31 @@ from mini_of3.kernels import tri_attn_kernels as K
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+class TileOverride:
+    """Tiles of one fused op set for a while instead of its defaults: ``with override(field=value, ...)`` applies to
+    every call in the process meanwhile, backward included (a process-wide setting, not a context variable: the
+    backward runs on autograd's thread); ``override.apply(tiles)`` gives the tiles of a call. The tuning scripts
+    sweep tiles this way."""
+
+    def __init__(self, name: str, tiles_type: type) -> None:
+        self.name, self.tiles_type, self.fields = name, tiles_type, {}
+
+    @contextlib.contextmanager
+    def __call__(self, **fields):
+        unknown = set(fields) - {f.name for f in dataclasses.fields(self.tiles_type)}
+        if unknown:
+            raise ValueError(f"{self.name}: unknown fields {sorted(unknown)}")
+        saved = dict(self.fields)
+        self.fields.update(fields)
+        try:
+            yield
+        finally:
+            self.fields = saved
+
+    def apply(self, tiles):
+        return replace(tiles, **self.fields)
 
 
 # ---------------------------------------------------------------------------------------------------------------

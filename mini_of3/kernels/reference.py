@@ -107,3 +107,28 @@ def triangle_multiplication_reference(
         t = torch.einsum("bkic,bkjc->bijc", a, b)
     t = torch.nn.functional.layer_norm(t, (h,), w["norm_out_weight"], w["norm_out_bias"], eps)
     return torch.sigmoid(x @ w["g_out_weight"].T) * (t @ w["p_out_weight"].T)
+
+
+def transition_reference(
+    x: torch.Tensor,
+    *,
+    norm_weight: torch.Tensor,
+    norm_bias: torch.Tensor,
+    a_weight: torch.Tensor,
+    b_weight: torch.Tensor,
+    out_weight: torch.Tensor,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """SwiGLU transition (AF3 SI Alg 11), line by line: x = LayerNorm(x); out = (silu(x W_a^T) * (x W_b^T)) W_out^T.
+    Computed in x's dtype (the weights cast to it), or under autocast as autocast runs it; float64 x makes it the
+    tests' oracle.
+
+    Args:
+        x: [..., C]; a_weight, b_weight: [n C, C]; out_weight: [C, n C]
+    Returns:
+        [..., C]
+    """
+    x = torch.nn.functional.layer_norm(x, x.shape[-1:], norm_weight.to(x.dtype), norm_bias.to(x.dtype), eps)
+    a = torch.nn.functional.linear(x, a_weight.to(x.dtype))
+    b = torch.nn.functional.linear(x, b_weight.to(x.dtype))
+    return torch.nn.functional.linear(torch.nn.functional.silu(a) * b, out_weight.to(x.dtype))

@@ -24,15 +24,13 @@ all gradients repeat bitwise for a given device.
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 from dataclasses import dataclass, replace
 
 import torch
 import triton
 
 from mini_of3.kernels import tri_mul_kernels as K
-from mini_of3.kernels.launch import _dot_precision, _new, interpreting
+from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, interpreting
 from mini_of3.kernels.reference import triangle_multiplication_reference
 
 BACKENDS = ("auto", "triton", "torch")
@@ -129,23 +127,8 @@ class TriMulTiles:
     proj_bwd_stages: int = 3
 
 
-_tile_override: dict = {}    # a process-wide setting, not a context variable: the backward runs on autograd's thread
-
-
-@contextlib.contextmanager
-def tri_mul_tiles(**fields):
-    """``with tri_mul_tiles(proj_fwd_m=128, ...)``: these tiles (any TriMulTiles field) instead of the defaults, for
-    every call in the process meanwhile, backward included (benchmarks/tune_tri_mul.py sweeps them)."""
-    unknown = set(fields) - {f.name for f in dataclasses.fields(TriMulTiles)}
-    if unknown:
-        raise ValueError(f"tri_mul_tiles: unknown fields {sorted(unknown)}")
-    saved = dict(_tile_override)
-    _tile_override.update(fields)
-    try:
-        yield
-    finally:
-        _tile_override.clear()
-        _tile_override.update(saved)
+tri_mul_tiles = TileOverride("tri_mul_tiles", TriMulTiles)
+"""``with tri_mul_tiles(proj_fwd_m=128, ...)``: these tiles (any TriMulTiles field) instead of the defaults."""
 
 
 def _tiles(C: int, hidden: int) -> TriMulTiles:
@@ -160,7 +143,7 @@ def _tiles(C: int, hidden: int) -> TriMulTiles:
         tiles = TriMulTiles(out_fwd_p=32, out_bwd_p=32)
     else:
         tiles = TriMulTiles()
-    tiles = replace(tiles, **_tile_override)
+    tiles = tri_mul_tiles.apply(tiles)
     hc = _pow2(hidden)
     return replace(tiles, proj_fwd_hc=min(tiles.proj_fwd_hc, hc), proj_bwd_hc=min(tiles.proj_bwd_hc, hc))
 

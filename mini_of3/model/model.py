@@ -37,7 +37,8 @@ class MiniOF3(nn.Module):
             n_heads_tri=cfg.n_heads_tri, c_hidden_tri=cfg.c_hidden_tri, n_heads_single=cfg.n_heads_single,
             c_hidden_mul=cfg.c_hidden_mul, transition_factor=cfg.transition_factor, pair_dropout=cfg.pair_dropout,
             tri_attn_backend=cfg.tri_attn_backend, tri_mul_backend=cfg.tri_mul_backend,
-            tri_attn_activation=cfg.tri_attn_activation, tri_attn_fused_gate=cfg.tri_attn_fused_gate)
+            tri_attn_activation=cfg.tri_attn_activation, tri_attn_fused_gate=cfg.tri_attn_fused_gate,
+            pair_transition_backend=cfg.pair_transition_backend)
         self.distogram_head = DistogramHead(c_z=cfg.c_z, n_bins=cfg.distogram_bins)
         self.diffusion = DiffusionModule(
             c_s=cfg.c_s, c_z=cfg.c_z, c_inputs=self.embedder.c_inputs, c_token=cfg.c_token,

@@ -29,8 +29,8 @@ REL32 = 2 ** 7 * torch.finfo(torch.float32).eps
 @pytest.mark.parametrize("tri_mul", ["auto", "mini_of3"])
 def test_model_on_mini_of3_kernel_equals_torch_path_forward_and_gradients(monkeypatch, tri_mul):
     """Tiny model (N = 20, c_z 16, one block, head dims 16): every attention of the trunk and the diffusion
-    module runs on our Triton kernel (and, with tri_mul = mini_of3, both triangle multiplications on theirs);
-    outputs, losses and every parameter gradient match the torch path."""
+    module runs on our Triton kernel (and, with tri_mul = mini_of3, both triangle multiplications and the pair
+    transition on theirs); outputs, losses and every parameter gradient match the torch path."""
     calls = []
 
     def counting(real_kernel):
@@ -46,7 +46,8 @@ def test_model_on_mini_of3_kernel_equals_torch_path_forward_and_gradients(monkey
     batch = {k: v.to(device) for k, v in as_batch(read_tokens("1L2Y")).items()}
     torch.manual_seed(0)
     reference = perturb_zero_parameters(build_model(tiny_config(tri_attn_backend="torch"))).to(device)
-    fused = build_model(tiny_config(tri_attn_backend="mini_of3", tri_mul_backend=tri_mul)).to(device)
+    fused = build_model(tiny_config(tri_attn_backend="mini_of3", tri_mul_backend=tri_mul,
+                                    pair_transition_backend="torch" if tri_mul == "auto" else "mini_of3")).to(device)
     fused.load_state_dict(reference.state_dict())
     results = []
     for model in (reference, fused):

@@ -15,10 +15,12 @@ REL32 = 2 ** 7 * torch.finfo(torch.float32).eps     # two float32 evaluations su
 
 
 def block_and_inputs(backend: str, tri_mul_backend: str = "auto"):
+    """A tiny block and its inputs; with tri_mul_backend = mini_of3 the pair transition runs on our kernel too."""
     torch.manual_seed(0)
     block = PairformerBlock(c_s=32, c_z=16, n_heads_tri=2, c_hidden_tri=16, n_heads_single=2, c_hidden_mul=16,
                             transition_factor=2, pair_dropout=0.0, tri_attn_backend=backend,
-                            tri_mul_backend=tri_mul_backend)
+                            tri_mul_backend=tri_mul_backend,
+                            pair_transition_backend="mini_of3" if tri_mul_backend == "mini_of3" else "auto")
     perturb_zero_parameters(block)
     s, z = torch.randn(1, 11, 32), torch.randn(1, 11, 11, 16)
     mask = torch.ones(1, 11, dtype=torch.bool)
@@ -35,10 +37,11 @@ def test_the_block_compiles_to_one_graph_without_breaks(backend, tri_mul_backend
 
 
 def test_block_on_both_kernels_compiled_fullgraph_matches_eager():
-    """The block with our triangle attention and triangle multiplication kernels (custom ops, the Triton interpreter
-    on CPU) under torch.compile(fullgraph=True), bf16 autocast: outputs and every parameter gradient as eager. The
-    aot_eager backend traces forward and backward as inductor does, without its minute of CPU code generation; the
-    kernels then see the same inputs, and the rest runs the same ATen ops, so the results agree bitwise."""
+    """The block with our triangle attention, triangle multiplication and transition kernels (custom ops, the Triton
+    interpreter on CPU) under torch.compile(fullgraph=True), bf16 autocast: outputs and every parameter gradient as
+    eager. The aot_eager backend traces forward and backward as inductor does, without its minute of CPU code
+    generation; the kernels then see the same inputs, and the rest runs the same ATen ops, so the results agree
+    bitwise."""
     block, s, z, mask = block_and_inputs("mini_of3", "mini_of3")
     results = []
     for fn in (run_block, torch.compile(run_block, backend="aot_eager", fullgraph=True)):

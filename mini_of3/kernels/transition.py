@@ -1,0 +1,265 @@
+"""Fused SwiGLU transition (AF3 SI Alg 11): the public function, its checks, the launchers and the autograd-wired
+custom ops.
+
+    transition(x, *, norm_weight, norm_bias, a_weight, b_weight, out_weight, eps=1e-5, backend="auto") -> [..., C]
+
+out = (silu(x' W_a^T) * (x' W_b^T)) W_out^T with x' = LayerNorm(x): the semantics of
+``mini_of3.model.transition.Transition``. On the pair track (C = 128, n = 4, N^2 rows) the eager version writes and
+reads four hidden tensors of N^2 x 512 values per call; here the forward is one Triton kernel (kernels in
+transition_kernels.py) whose hidden activations stay on the chip, and the backward one kernel that recomputes them
+and writes only the operands of the three weight GEMMs (cuBLAS). The forward keeps only the LayerNorm statistics for
+the backward (8 bytes a row).
+
+Precision (16-bit compute dtype, i.e. bf16 autocast): the three projections run on the tensor cores with float32
+accumulation; the normalised x, the hidden activation h and the output are rounded to bf16 once each (the eager
+version under autocast also rounds a, b and silu(a)); LayerNorm statistics, the SwiGLU and its gradient are float32.
+Gradients: no atomics; output and all gradients repeat bitwise for a given device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+
+from mini_of3.kernels import transition_kernels as K
+from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, interpreting
+from mini_of3.kernels.reference import transition_reference
+from mini_of3.kernels.triangle_multiplication import _weight_grad
+
+BACKENDS = ("auto", "triton", "torch")
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _check_inputs(x, weights: dict, backend: str) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        raise ValueError(f"transition: x must be a [..., C] tensor with at least two axes, got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if x.dtype not in (*SUPPORTED_DTYPES, torch.float64):
+        raise TypeError(f"transition: x dtype must be float16, bfloat16 or float32, got {x.dtype}")
+    C = x.shape[-1]
+    hid = weights["a_weight"].shape[0] if weights["a_weight"].dim() == 2 else -1
+    expected = {"norm_weight": (C,), "norm_bias": (C,), "a_weight": (hid, C), "b_weight": (hid, C),
+                "out_weight": (C, hid)}
+    for name, shape in expected.items():
+        w = weights[name]
+        if not isinstance(w, torch.Tensor):
+            raise TypeError(f"transition: {name} must be a torch.Tensor, got {type(w).__name__}")
+        if tuple(w.shape) != shape or hid < 1:
+            raise ValueError(f"transition: {name} must be {shape} for x of shape {tuple(x.shape)} and a_weight of "
+                             f"shape {tuple(weights['a_weight'].shape)}, got {tuple(w.shape)}")
+        if not w.is_floating_point():
+            raise TypeError(f"transition: {name} must be floating point, got {w.dtype}")
+    devices = {x.device, *(w.device for w in weights.values())}
+    if len(devices) > 1:
+        raise ValueError(f"transition: all inputs must be on one device, got {sorted(map(str, devices))}")
+    if backend not in BACKENDS:
+        raise ValueError(f"transition: backend must be one of {BACKENDS}, got {backend!r}")
+    if x.numel() == 0:
+        raise ValueError(f"transition: every dimension must be >= 1, got x of shape {tuple(x.shape)}")
+
+
+def _resolve_backend(backend: str, x: torch.Tensor, hidden: int) -> str:
+    if backend == "auto":
+        return "triton" if x.is_cuda else "torch"
+    if backend == "triton":
+        C = x.shape[-1]
+        if C % 16 or hidden % 16:
+            raise ValueError(f"transition: the Triton kernel needs the channels C and the hidden width to be "
+                             f"multiples of 16 (tensor-core tiles), got C={C}, hidden={hidden}")
+        if not x.is_cuda and not interpreting():
+            raise ValueError("transition: backend='triton' needs CUDA tensors, or CPU tensors with "
+                             "TRITON_INTERPRET=1 set before mini_of3 is imported")
+        if x.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"transition: the Triton kernel takes float16, bfloat16 or float32 x, got {x.dtype}")
+    return backend
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tiles and launchers
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransitionTiles:
+    """Rows per program (``*_m``), hidden channels per chunk (``*_hc``), warps and pipeline stages of the two
+    kernels. Under the interpreter small ones, so that the tests' sizes span several tiles and chunks."""
+    fwd_m: int = 64
+    fwd_hc: int = 64
+    fwd_warps: int = 4
+    fwd_stages: int = 2
+    bwd_m: int = 64
+    bwd_hc: int = 32
+    bwd_warps: int = 8
+    bwd_stages: int = 2
+
+
+transition_tiles = TileOverride("transition_tiles", TransitionTiles)
+"""``with transition_tiles(fwd_m=128, ...)``: these tiles (any TransitionTiles field) instead of the defaults."""
+
+
+def _tiles(hidden: int) -> TransitionTiles:
+    """The tiles of one call: small under the interpreter, else the defaults, with any ``transition_tiles``
+    override on top; chunks no wider than the hidden width."""
+    if interpreting():
+        tiles = TransitionTiles(fwd_m=16, fwd_hc=16, fwd_stages=1, bwd_m=16, bwd_hc=16, bwd_warps=4, bwd_stages=1)
+    else:
+        tiles = TransitionTiles()
+    tiles = transition_tiles.apply(tiles)
+    hc = triton.next_power_of_2(hidden)
+    return replace(tiles, fwd_hc=min(tiles.fwd_hc, hc), bwd_hc=min(tiles.bwd_hc, hc))
+
+
+def forward(x, ln_w, ln_b, w_a, w_b, w_o, eps: float, compute_dtype: torch.dtype, out_dtype: torch.dtype,
+            store_stats: bool):
+    """out [..., C] (out_dtype) and the LayerNorm statistics [2, M] float32 (mean, rstd; empty without
+    ``store_stats``)."""
+    C, hid, dev = x.shape[-1], w_a.shape[0], x.device
+    rows = x.reshape(-1, C).contiguous()                                           # [M, C]
+    M = rows.shape[0]
+    tiles = _tiles(hid)
+    cdt = compute_dtype
+    wa, wb, wo = (w.to(cdt).contiguous() for w in (w_a, w_b, w_o))
+    out = _new((M, C), out_dtype, dev)
+    stats = _new((2, M) if store_stats else (2, 0), torch.float32, dev)
+    K._transition_fwd[(triton.cdiv(M, tiles.fwd_m),)](
+        rows, ln_w.float().contiguous(), ln_b.float().contiguous(), wa, wb, wo, out,
+        stats[0] if store_stats else out, stats[1] if store_stats else out, M, eps,
+        C=C, HID=hid, STORE_STATS=store_stats, DOT_PREC=_dot_precision(cdt), BLOCK_M=tiles.fwd_m,
+        BLOCK_C=triton.next_power_of_2(C), BLOCK_HC=tiles.fwd_hc, num_warps=tiles.fwd_warps,
+        num_stages=tiles.fwd_stages)
+    return out.view(x.shape[:-1] + (C,)), stats
+
+
+def backward(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, compute_dtype: torch.dtype):
+    """dx and the gradients of the five weights, each in its own dtype."""
+    C, hid, dev, cdt = x.shape[-1], w_a.shape[0], x.device, compute_dtype
+    rows = x.reshape(-1, C).contiguous()                                           # [M, C]
+    M = rows.shape[0]
+    tiles = _tiles(hid)
+    wa, wb, wo = (w.to(cdt).contiguous() for w in (w_a, w_b, w_o))
+    dout_rows = dout.reshape(-1, C).to(cdt).contiguous()                           # [M, C]
+    dx = _new((M, C), x.dtype, dev)
+    hidden = _new((M, hid), cdt, dev)
+    dab = _new((M, 2 * hid), cdt, dev)
+    xn = _new((M, C), cdt, dev)
+    grid = (triton.cdiv(M, tiles.bwd_m),)
+    block_c = triton.next_power_of_2(C)
+    part = _new((grid[0], 2, block_c), torch.float32, dev)
+    K._transition_bwd[grid](
+        rows, dout_rows, ln_w.float().contiguous(), ln_b.float().contiguous(), wa, wb, wo, stats[0], stats[1], dx,
+        hidden, dab, xn, part, M, C=C, HID=hid, DOT_PREC=_dot_precision(cdt), BLOCK_M=tiles.bwd_m,
+        BLOCK_C=block_c, BLOCK_HC=tiles.bwd_hc, num_warps=tiles.bwd_warps, num_stages=tiles.bwd_stages)
+    d_ln = part.sum(0)[:, :C]                                                      # [2, C]
+    d_o = _weight_grad(dout_rows.mT[None], hidden[None], w_o.dtype)               # [C, hid]
+    del hidden
+    d_ab = _weight_grad(dab.mT[None], xn[None], torch.float32)                     # [2 hid, C]
+    # separate tensors, not views of one (a custom op's outputs may not alias each other)
+    return (dx.view(x.shape), d_ln[0].to(ln_w.dtype, copy=True), d_ln[1].to(ln_b.dtype, copy=True),
+            d_ab[:hid].to(w_a.dtype, copy=True), d_ab[hid:].to(w_b.dtype, copy=True), d_o)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# custom ops (opaque to torch.compile) and autograd
+
+
+@torch.library.custom_op("mini_of3::transition_fwd", mutates_args=())
+def _fwd_op(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w_a: torch.Tensor, w_b: torch.Tensor,
+            w_o: torch.Tensor, eps: float, compute_dtype: torch.dtype, out_dtype: torch.dtype,
+            store_stats: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return forward(x, ln_w, ln_b, w_a, w_b, w_o, eps, compute_dtype, out_dtype, store_stats)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(x, ln_w, ln_b, w_a, w_b, w_o, eps, compute_dtype, out_dtype, store_stats):
+    M = x.numel() // x.shape[-1]
+    return (x.new_empty(x.shape, dtype=out_dtype),
+            x.new_empty((2, M) if store_stats else (2, 0), dtype=torch.float32))
+
+
+@torch.library.custom_op("mini_of3::transition_bwd", mutates_args=())
+def _bwd_op(dout: torch.Tensor, x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w_a: torch.Tensor,
+            w_b: torch.Tensor, w_o: torch.Tensor, stats: torch.Tensor, compute_dtype: torch.dtype
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return backward(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, compute_dtype)
+
+
+@_bwd_op.register_fake
+def _bwd_fake(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, compute_dtype):
+    return tuple(t.new_empty(t.shape) for t in (x, ln_w, ln_b, w_a, w_b, w_o))
+
+
+def _setup_context(ctx, inputs, output):
+    x, ln_w, ln_b, w_a, w_b, w_o, _eps, compute_dtype, _out_dtype, _store = inputs
+    _out, stats = output
+    ctx.save_for_backward(x, ln_w, ln_b, w_a, w_b, w_o, stats)
+    ctx.compute_dtype = compute_dtype
+    ctx.mark_non_differentiable(stats)
+    ctx.set_materialize_grads(False)
+
+
+def _autograd_backward(ctx, dout, _stats_grad, backward_fn=_bwd_op):
+    x, ln_w, ln_b, w_a, w_b, w_o, stats = ctx.saved_tensors
+    grads = backward_fn(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, ctx.compute_dtype)
+    return (*grads, None, None, None, None)
+
+
+_fwd_op.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+class _EagerTransition(torch.autograd.Function):
+    """The eager path: the custom ops' forward and backward without torch.library's dispatch (host time, as in
+    triangle_attention.py). Under torch.compile the custom ops are used, opaque to the compiler."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = forward(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, stats_grad):
+        return _autograd_backward(ctx, dout, stats_grad, backward_fn=backward)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# public function
+
+
+def transition(
+    x: torch.Tensor,
+    *,
+    norm_weight: torch.Tensor,
+    norm_bias: torch.Tensor,
+    a_weight: torch.Tensor,
+    b_weight: torch.Tensor,
+    out_weight: torch.Tensor,
+    eps: float = 1e-5,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Fused SwiGLU transition (AF3 SI Alg 11): LayerNorm, silu(x W_a^T) * (x W_b^T), then W_out.
+
+    Args:
+        x: [..., C], any strides (copied once when its rows are not contiguous); float32, bfloat16 or float16
+        norm_weight, norm_bias: [C]; a_weight, b_weight: [n C, C]; out_weight: [C, n C]
+        backend: "triton" (CUDA, or CPU under TRITON_INTERPRET=1; C and n C multiples of 16), "torch" (the plain
+            reference of reference.py) or "auto" (triton on CUDA, else torch)
+    Returns:
+        [..., C], contiguous: in the autocast dtype under autocast (as the eager version returns), else in x's dtype.
+    """
+    weights = dict(norm_weight=norm_weight, norm_bias=norm_bias, a_weight=a_weight, b_weight=b_weight,
+                   out_weight=out_weight)
+    _check_inputs(x, weights, backend)
+    if _resolve_backend(backend, x, a_weight.shape[0]) == "torch":
+        return transition_reference(x, eps=eps, **weights)
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        compute_dtype = out_dtype = torch.get_autocast_dtype(device)
+    else:
+        compute_dtype = out_dtype = x.dtype
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *weights.values()))
+    inputs = (x, norm_weight, norm_bias, a_weight, b_weight, out_weight, float(eps), compute_dtype, out_dtype,
+              needs_grad)
+    if not needs_grad and not torch.compiler.is_compiling():   # inference: no autograd node
+        return forward(*inputs)[0]
+    apply = _fwd_op if torch.compiler.is_compiling() else _EagerTransition.apply
+    return apply(*inputs)[0]
