@@ -7,7 +7,7 @@ N/10 tokens padding. Implementations (``--impls``):
 
 - ``torch``: eager PyTorch (``tri_attn_backend=torch``, ``tri_mul_backend=torch``)
 - ``torch_compile``: the same block under ``torch.compile``
-- ``mini_of3``: our triangle attention and triangle multiplication kernels
+- ``mini_of3``: our triangle attention, triangle multiplication and pair transition kernels
 - ``cueq``: cuEquivariance's triangle attention and triangle multiplication
 
 Rows: ``impl``, ``layer`` (tri_mul_out, tri_mul_in, tri_attn_start, tri_attn_end, pair_transition, single_attention,
@@ -25,8 +25,9 @@ from mini_of3.bench.common import (elapsed_ms, load_bench_config, package_versio
                                    result_header, write_json)
 from mini_of3.model.pairformer import PairformerBlock
 
-IMPLS = {"torch": ("torch", "torch", False), "torch_compile": ("torch", "torch", True),
-         "mini_of3": ("mini_of3", "mini_of3", False), "cueq": ("cueq", "cueq", False)}
+# impl: (tri_attn_backend, tri_mul_backend, compiled, pair_transition_backend)
+IMPLS = {"torch": ("torch", "torch", False, "torch"), "torch_compile": ("torch", "torch", True, "torch"),
+         "mini_of3": ("mini_of3", "mini_of3", False, "mini_of3"), "cueq": ("cueq", "cueq", False, "torch")}
 LAYERS = ("tri_mul_out", "tri_mul_in", "tri_attn_start", "tri_attn_end", "pair_transition", "single_attention",
           "single_transition", "block")
 DEFAULT_CONFIG = "configs/crop384.yaml"
@@ -34,13 +35,14 @@ DEFAULT_CONFIG = "configs/crop384.yaml"
 
 def build_block(cfg, impl: str, device: torch.device) -> PairformerBlock:
     """The config's Pairformer block with the implementation's backends (same weights for every impl: seeded)."""
-    attn, mul, _ = IMPLS[impl]
+    attn, mul, _, transition = IMPLS[impl]
     m = cfg.model
     torch.manual_seed(cfg.seed)
     block = PairformerBlock(c_s=m.c_s, c_z=m.c_z, n_heads_tri=m.n_heads_tri, c_hidden_tri=m.c_hidden_tri,
                             n_heads_single=m.n_heads_single, c_hidden_mul=m.c_hidden_mul,
                             transition_factor=m.transition_factor, pair_dropout=0.0, tri_attn_backend=attn,
-                            tri_mul_backend=mul, tri_attn_activation=m.tri_attn_activation).to(device)
+                            tri_mul_backend=mul, tri_attn_activation=m.tri_attn_activation,
+                            pair_transition_backend=transition).to(device)
     for p in block.parameters():          # no zero-initialised layer: every sub-layer does its full work
         if not p.any():
             torch.nn.init.normal_(p, std=p.shape[-1] ** -0.5)
@@ -138,7 +140,7 @@ def bench_n(cfg, impls: list[str], n: int, device: torch.device, reps: int, roun
                                "fwdbwd_ms": fwdbwd[len(fwdbwd) // 2],
                                "peak_mib": layer_peak_mib(calls[layer], [s, z, *block.parameters()], device),
                                "tri_attn_backend": IMPLS[impl][0], "tri_mul_backend": block.tri_mul_backend,
-                               "compiled": IMPLS[impl][2]}
+                               "pair_transition_backend": IMPLS[impl][3], "compiled": IMPLS[impl][2]}
     return list(rows.values())
 
 
