@@ -1,4 +1,4 @@
-"""Compile the triangle-attention kernels for the H200 (sm_90) on a machine without a GPU, and report what each launch
+"""Compile the triangle-attention kernels (and the transition's, ``--kernel transition``) for the H200 (sm_90) on a machine without a GPU, and report what each launch
 configuration costs in registers, spills (local-memory loads/stores), shared memory, and which MMA instructions
 the SASS holds (HGMMA = Hopper wgmma, HMMA = mma.sync).
 
@@ -10,6 +10,7 @@ the GPU machine's (3.6): use it to compare variants, and confirm on the GPU.
 
     python benchmarks/kernel_resources.py                 # the autotuning candidates of every kernel, D = 32
     python benchmarks/kernel_resources.py --head-dim 64 --maxnreg 168
+    python benchmarks/kernel_resources.py --kernel transition   # tiles of the fused transition, C = 128, n = 4
 """
 from __future__ import annotations
 
@@ -28,13 +29,20 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from mini_of3.kernels import tri_attn_kernels as K  # noqa: E402
+from mini_of3.kernels import transition_kernels as TK  # noqa: E402
 from mini_of3.kernels.launch import _dkdv_configs, _dq_configs, _fwd_configs  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 UNIT_STRIDES = ("sq_d", "sk_d", "sv_d", "so_d", "sd_d", "sg_d", "sb_k", "sm_k", "so_k")
 POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", BIAS="*fp32", KEY_BIAS="*i1", O="*bf16", LSE="*fp32", DO="*bf16",
-                DELTA="*fp32", DQ="*bf16", DK="*bf16", DV="*bf16", DBIAS="*fp32")
+                DELTA="*fp32", DQ="*bf16", DK="*bf16", DV="*bf16", DBIAS="*fp32",
+                X="*fp32", LN_W="*fp32", LN_B="*fp32", W_A="*bf16", W_B="*bf16", W_O="*bf16", OUT="*bf16",
+                MEAN="*fp32", RSTD="*fp32", DOUT="*bf16", DX="*fp32", HIDDEN="*bf16", DAB="*bf16", XN="*bf16",
+                PART="*fp32")
+# (rows, hidden chunk, warps, stages) of the transition's forward and backward kernels
+TRANSITION_TILES = [(64, 64, 4, 2), (128, 64, 8, 2), (64, 128, 4, 2), (128, 32, 8, 3), (64, 32, 4, 3),
+                    (64, 32, 8, 2), (128, 32, 8, 2), (32, 64, 4, 2), (128, 16, 8, 3), (64, 16, 4, 2)]
 
 
 def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None):
@@ -73,7 +81,7 @@ def resources(compiled) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kernel", choices=("fwd", "dq", "dkdv", "dbias", "all"), default="all")
+    parser.add_argument("--kernel", choices=("fwd", "dq", "dkdv", "dbias", "all", "transition"), default="all")
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--maxnreg", type=int, default=None)
     args = parser.parse_args()
@@ -98,10 +106,16 @@ def main() -> None:
             tiles += [(128, 64, 8, 2), (64, 128, 8, 2), (128, 128, 8, 2)]
         for bj, bk, warps, stages in tiles:
             jobs.append(("dbias", K._bwd_dbias, dict(common, BLOCK_J=bj, BLOCK_K=bk), warps, stages))
+    if args.kernel == "transition":     # BLOCK_J, BLOCK_K columns: rows and hidden chunk
+        for m, hc, warps, stages in TRANSITION_TILES:
+            flags = dict(C=128, HID=512, DOT_PREC="tf32", BLOCK_M=m, BLOCK_J=m, BLOCK_K=hc, BLOCK_C=128, BLOCK_HC=hc)
+            jobs.append(("transition fwd", TK._transition_fwd, dict(flags, STORE_STATS=True), warps, stages))
+            jobs.append(("transition bwd", TK._transition_bwd, flags, warps, stages))
     print(f"{'kernel':14s}{'BJ':>5s}{'BK':>5s}{'warps':>6s}{'stages':>7s}{'regs':>6s}{'CTA/SM':>7s}{'stack':>7s}"
           f"{'LDL':>5s}{'STL':>5s}{'smem':>8s}  mma")
     for name, fn, flags, warps, stages in jobs:
-        r = resources(compile_kernel(fn, flags, warps, stages, args.maxnreg))
+        r = resources(compile_kernel(fn, {k: v for k, v in flags.items() if k in fn.arg_names}, warps, stages,
+                                     args.maxnreg))
         print(f"{name:14s}{flags['BLOCK_J']:5d}{flags['BLOCK_K']:5d}{warps:6d}{stages:7d}{r['regs']:6d}"
               f"{r['ctas_per_sm_by_regs']:7d}{r['stack']:7d}{r['local_ld']:5d}{r['local_st']:5d}{r['smem']:8d}  "
               f"{r['mma']}", flush=True)
