@@ -1,6 +1,6 @@
-"""Compile the triangle-attention kernels (and the transition's, ``--kernel transition``) for the H200 (sm_90) on a machine without a GPU, and report what each launch
-configuration costs in registers, spills (local-memory loads/stores), shared memory, and which MMA instructions
-the SASS holds (HGMMA = Hopper wgmma, HMMA = mma.sync).
+"""Compile the triangle-attention kernels (and the transition's, ``--kernel transition``) for the H200 (sm_90) on a
+machine without a GPU, and report what each launch configuration costs in registers, spills (local-memory
+loads/stores), shared memory, and which MMA instructions the SASS holds (HGMMA = Hopper wgmma, HMMA = mma.sync).
 
 Occupancy, not bandwidth, limits these kernels (Nsight Compute: 12.5 % occupancy, register-limited), and
 registers can be read here at no device time. The problem is specialised as the JIT sees a contiguous one (unit
