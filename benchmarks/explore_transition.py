@@ -44,7 +44,7 @@ def run(fn, x, w, dout, backward=True):
     if not backward:
         return {"out": out}
     grads = torch.autograd.grad(out, [x, *w.values()], dout.to(out.dtype))
-    return {"out": out.detach(), "dx": grads[0], **dict(zip(wl, grads[1:]))}
+    return {"out": out.detach(), "dx": grads[0], **dict(zip(w, grads[1:]))}
 
 
 def main() -> None:

@@ -5,13 +5,12 @@ on the GPU machine; its table is copied into mini_of3/kernels/NOTES.md with the 
 from __future__ import annotations
 
 import argparse
-import time
 from collections import defaultdict
 from dataclasses import replace
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
+from mini_of3.bench.common import device_ms_by_kernel
 from mini_of3.kernels import triangle_attention
 from mini_of3.kernels.launch import Algorithm, LaunchConfig, algorithm, default_config, launch_config
 
@@ -39,22 +38,11 @@ def fwd_bwd(leaves, mask, do):
 def kernel_times(config: LaunchConfig, choice: Algorithm, n, d, heads, iters=10, **kw) -> dict[str, float]:
     leaves, mask, do = inputs(n, d, heads, **kw)
     with launch_config(config), algorithm(choice):
-        for _ in range(3):
-            fwd_bwd(leaves, mask, do)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(iters):
-                fwd_bwd(leaves, mask, do)
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(iters):
-            fwd_bwd(leaves, mask, do)
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - start) * 1000 / iters
+        by_kernel, wall = device_ms_by_kernel(lambda r: fwd_bwd(leaves, mask, do), iters=iters)
     times = defaultdict(float)
-    for evt in prof.key_averages():
-        name = next((k for k in KERNELS if evt.key.startswith(k)), None)
-        times[name or "other"] += evt.device_time_total / 1000 / iters   # ms per call
+    for key, (ms, _count) in by_kernel.items():
+        name = next((k for k in KERNELS if key.startswith(k)), None)
+        times[name or "other"] += ms   # ms per call
     times["wall"] = wall
     return dict(times)
 

@@ -17,10 +17,9 @@ import statistics
 import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from mini_of3.bench.anchors import load_impls_reported
-from mini_of3.bench.common import median_ms
+from mini_of3.bench.common import device_ms_by_kernel, median_ms
 from mini_of3.bench.kernels import prepare
 
 
@@ -39,12 +38,8 @@ def host_ms(fn, reps: int = 200) -> float:
 
 def device_ms(fn, reps: int = 20) -> float:
     """CUDA time of the kernels per call (every device activity the profiler sees, summed)."""
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for r in range(reps):
-            fn(r % 3)
-        torch.cuda.synchronize()
-    return sum(e.device_time_total for e in prof.key_averages()) / 1000 / reps
+    by_kernel, _wall = device_ms_by_kernel(lambda r: fn(r % 3), iters=reps, warmup=0)
+    return sum(ms for ms, _count in by_kernel.values())
 
 
 def main() -> None:

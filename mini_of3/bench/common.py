@@ -35,6 +35,31 @@ def median_ms(fn: Callable[[int], object], *, warmup: int = 5, reps: int = 30, r
     return times[len(times) // 2]
 
 
+def device_ms_by_kernel(fn: Callable[[int], object], *, iters: int = 10, warmup: int = 3
+                        ) -> tuple[dict[str, tuple[float, int]], float]:
+    """Where the device time of ``fn(r)`` goes (CUDA): {kernel name: (ms per call, launches per call)} from
+    torch.profiler over ``iters`` calls after ``warmup``, and the wall ms per call of ``iters`` calls back to back
+    (unprofiled; above the summed device time when the host holds the calls up). ``r`` counts the calls."""
+    for r in range(warmup):
+        fn(r)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for r in range(iters):
+            fn(r)
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for r in range(iters):
+        fn(r)
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) * 1e3 / iters
+    times: dict[str, tuple[float, int]] = {}
+    for event in prof.key_averages():
+        if event.device_time_total > 0:
+            ms, count = times.get(event.key, (0.0, 0))
+            times[event.key] = (ms + event.device_time_total / 1e3 / iters, count + event.count // iters)
+    return times, wall
+
+
 def elapsed_ms(fn: Callable[[], object], device: torch.device) -> float:
     """Milliseconds of one call of ``fn``: CUDA events on a GPU, wall-clock on a CPU (tests only)."""
     if device.type == "cuda":
