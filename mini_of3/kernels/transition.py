@@ -28,6 +28,7 @@ from mini_of3.kernels.reference import transition_reference
 from mini_of3.kernels.triangle_multiplication import _weight_grad
 
 BACKENDS = ("auto", "triton", "torch")
+MAX_CHANNELS = 256          # the widest C whose tiles fit one sm_90 multiprocessor (``_tiles``)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -61,12 +62,15 @@ def _check_inputs(x, weights: dict, backend: str) -> None:
 
 def _resolve_backend(backend: str, x: torch.Tensor, hidden: int) -> str:
     if backend == "auto":
-        return "triton" if x.is_cuda else "torch"
+        return "triton" if x.is_cuda and x.shape[-1] <= MAX_CHANNELS else "torch"
     if backend == "triton":
         C = x.shape[-1]
         if C % 16 or hidden % 16:
             raise ValueError(f"transition: the Triton kernel needs the channels C and the hidden width to be "
                              f"multiples of 16 (tensor-core tiles), got C={C}, hidden={hidden}")
+        if C > MAX_CHANNELS:
+            raise ValueError(f"transition: the Triton kernel takes C <= {MAX_CHANNELS} channels (its [rows, C] "
+                             f"tiles stay on the chip), got C={C}; use backend='torch'")
         if not x.is_cuda and not interpreting():
             raise ValueError("transition: backend='triton' needs CUDA tensors, or CPU tensors with "
                              "TRITON_INTERPRET=1 set before mini_of3 is imported")
@@ -82,14 +86,16 @@ def _resolve_backend(backend: str, x: torch.Tensor, hidden: int) -> str:
 @dataclass(frozen=True, kw_only=True)
 class TransitionTiles:
     """Rows per program (``*_m``), hidden channels per chunk (``*_hc``), warps and pipeline stages of the two
-    kernels. Under the interpreter small ones, so that the tests' sizes span several tiles and chunks."""
+    kernels. The defaults are the fastest of the sweep at C = 128, N = 768 (H100, `benchmarks/explore_transition.py
+    --sweep 768`: forward 0.77 ms, forward+backward 4.18 against 6.47 with 64 rows and 32-channel chunks on 8 warps
+    in the backward). Under the interpreter small ones, so that the tests' sizes span several tiles and chunks."""
     fwd_m: int = 64
     fwd_hc: int = 64
     fwd_warps: int = 4
     fwd_stages: int = 2
-    bwd_m: int = 64
-    bwd_hc: int = 32
-    bwd_warps: int = 8
+    bwd_m: int = 32
+    bwd_hc: int = 64
+    bwd_warps: int = 4
     bwd_stages: int = 2
 
 
@@ -97,11 +103,15 @@ transition_tiles = TileOverride("transition_tiles", TransitionTiles)
 """``with transition_tiles(fwd_m=128, ...)``: these tiles (any TransitionTiles field) instead of the defaults."""
 
 
-def _tiles(hidden: int) -> TransitionTiles:
-    """The tiles of one call: small under the interpreter, else the defaults, with any ``transition_tiles``
+def _tiles(C: int, hidden: int) -> TransitionTiles:
+    """The tiles of one call: small under the interpreter; else the defaults, or for C > 128 (a [rows, C] float32
+    accumulator per program) 32 rows and 32-channel chunks, which keep both kernels within the registers and shared
+    memory of an sm_90 multiprocessor up to C = 256 (`benchmarks/kernel_resources.py`); any ``transition_tiles``
     override on top; chunks no wider than the hidden width."""
     if interpreting():
         tiles = TransitionTiles(fwd_m=16, fwd_hc=16, fwd_stages=1, bwd_m=16, bwd_hc=16, bwd_warps=4, bwd_stages=1)
+    elif C > 128:
+        tiles = TransitionTiles(fwd_m=32, fwd_hc=32, bwd_m=32, bwd_hc=32)
     else:
         tiles = TransitionTiles()
     tiles = transition_tiles.apply(tiles)
@@ -116,7 +126,7 @@ def forward(x, ln_w, ln_b, w_a, w_b, w_o, eps: float, compute_dtype: torch.dtype
     C, hid, dev = x.shape[-1], w_a.shape[0], x.device
     rows = x.reshape(-1, C).contiguous()                                           # [M, C]
     M = rows.shape[0]
-    tiles = _tiles(hid)
+    tiles = _tiles(C, hid)
     cdt = compute_dtype
     wa, wb, wo = (w.to(cdt).contiguous() for w in (w_a, w_b, w_o))
     out = _new((M, C), out_dtype, dev)
@@ -135,7 +145,7 @@ def backward(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, compute_dtype: torch.dty
     C, hid, dev, cdt = x.shape[-1], w_a.shape[0], x.device, compute_dtype
     rows = x.reshape(-1, C).contiguous()                                           # [M, C]
     M = rows.shape[0]
-    tiles = _tiles(hid)
+    tiles = _tiles(C, hid)
     wa, wb, wo = (w.to(cdt).contiguous() for w in (w_a, w_b, w_o))
     dout_rows = dout.reshape(-1, C).to(cdt).contiguous()                           # [M, C]
     dx = _new((M, C), x.dtype, dev)
@@ -241,8 +251,8 @@ def transition(
     Args:
         x: [..., C], any strides (copied once when its rows are not contiguous); float32, bfloat16 or float16
         norm_weight, norm_bias: [C]; a_weight, b_weight: [n C, C]; out_weight: [C, n C]
-        backend: "triton" (CUDA, or CPU under TRITON_INTERPRET=1; C and n C multiples of 16), "torch" (the plain
-            reference of reference.py) or "auto" (triton on CUDA, else torch)
+        backend: "triton" (CUDA, or CPU under TRITON_INTERPRET=1; C <= 256 and C, n C multiples of 16), "torch"
+            (the plain reference of reference.py) or "auto" (triton on CUDA where C <= 256, else torch)
     Returns:
         [..., C], contiguous: in the autocast dtype under autocast (as the eager version returns), else in x's dtype.
     """

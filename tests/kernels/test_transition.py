@@ -72,7 +72,8 @@ CASES = [
 GPU_CASES = [
     ((1, 97, 97), 128, 4, torch.float32, torch.bfloat16),
     ((1, 64, 64), 128, 4, torch.float32, None),
-    ((2, 300), 384, 4, torch.float32, torch.bfloat16),      # the single track's width
+    ((2, 300), 256, 4, torch.float32, torch.bfloat16),      # the widest C the kernel takes (its own tiles)
+    ((1, 40, 40), 192, 2, torch.float32, torch.bfloat16),
 ]
 
 
@@ -187,6 +188,9 @@ def test_torch_backend_is_the_reference():
     (dict(x=torch.zeros(2, 24), norm_weight=torch.ones(24), norm_bias=torch.zeros(24), a_weight=torch.zeros(64, 24),
           b_weight=torch.zeros(64, 24), out_weight=torch.zeros(24, 64), backend="triton"), ValueError,
      "multiples of 16"),
+    (dict(x=torch.zeros(2, 272), norm_weight=torch.ones(272), norm_bias=torch.zeros(272),
+          a_weight=torch.zeros(544, 272), b_weight=torch.zeros(544, 272), out_weight=torch.zeros(272, 544),
+          backend="triton"), ValueError, "C <= 256"),
 ])
 def test_clear_errors(change, error, match):
     C = 16
