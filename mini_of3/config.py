@@ -74,7 +74,7 @@ class ModelConfig:
     tri_mul_backend: Literal["auto", "mini_of3", "torch", "cueq"] = "auto"   # auto = torch
     tri_attn_activation: Literal["softmax", "sigmoid"] = "softmax"
     tri_attn_fused_gate: bool = True          # our backends apply the gate inside the kernels (false: in PyTorch)
-    pair_transition_backend: Literal["auto", "mini_of3", "torch"] = "auto"   # auto = torch
+    pair_transition_backend: Literal["auto", "mini_of3", "torch"] = "auto"   # auto = our kernel on CUDA
     checkpointing: bool = True               # activation checkpointing per Pairformer block
     distogram_bins: int = 64
     distogram_min: float = 2.0

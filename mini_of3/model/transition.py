@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mini_of3.kernels import transition
+from mini_of3.kernels.transition import MAX_CHANNELS
 from mini_of3.model.norm import LayerNorm
 
 TRANSITION_BACKENDS = ("auto", "mini_of3", "torch")
@@ -18,16 +19,17 @@ class Transition(nn.Module):
     ----------
     c : channels of the input and output
     n : expansion factor (4 in the Pairformer, 2 in the diffusion conditioning)
-    backend : "torch" or "auto" (PyTorch, as below), "mini_of3" (our fused kernel,
-        :func:`mini_of3.kernels.transition`: the hidden activations stay on the chip; CUDA, or CPU under
-        TRITON_INTERPRET=1)
+    backend : "torch" (PyTorch, as below), "mini_of3" (our fused kernel, :func:`mini_of3.kernels.transition`: the
+        hidden activations stay on the chip; CUDA, or CPU under TRITON_INTERPRET=1) or "auto" (the kernel on CUDA
+        where it takes the widths: c <= 256, c and n c multiples of 16; else PyTorch)
     """
 
-    def __init__(self, *, c: int, n: int = 4, backend: str = "auto") -> None:
+    def __init__(self, *, c: int, n: int = 4, backend: str = "torch") -> None:
         super().__init__()
         if backend not in TRANSITION_BACKENDS:
             raise ValueError(f"Transition: backend must be one of {TRANSITION_BACKENDS}, got {backend!r}")
         self.backend = backend
+        self.kernel_fits = c <= MAX_CHANNELS and c % 16 == 0
         self.layer_norm = LayerNorm(c)
         self.linear_a = nn.Linear(c, n * c, bias=False)
         self.linear_b = nn.Linear(c, n * c, bias=False)
@@ -35,7 +37,7 @@ class Transition(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., c] -> update [..., c] (the caller adds the residual)."""
-        if self.backend == "mini_of3":
+        if self.backend == "mini_of3" or (self.backend == "auto" and x.is_cuda and self.kernel_fits):
             return transition(x, norm_weight=self.layer_norm.weight, norm_bias=self.layer_norm.bias,
                               a_weight=self.linear_a.weight, b_weight=self.linear_b.weight,
                               out_weight=self.linear_out.weight, eps=self.layer_norm.eps, backend="triton")

@@ -256,3 +256,25 @@ def test_fused_gate_follows_the_config(monkeypatch, backend, fused):
     model = build_model(tiny_config(tri_attn_backend=backend, tri_attn_fused_gate=fused))
     layers = [m for m in model.modules() if isinstance(m, TriangleAttention)]
     assert layers and all((m.attend_gated is not None) == (fused and backend == "torch") for m in layers)
+
+
+@pytest.mark.parametrize("backend,c,device_is_cuda,uses_kernel", [
+    ("torch", 16, True, False), ("mini_of3", 16, False, True), ("auto", 16, False, False), ("auto", 16, True, True),
+    ("auto", 384, True, False), ("auto", 24, True, False)])
+def test_transition_backend_choice(monkeypatch, backend, c, device_is_cuda, uses_kernel):
+    """model.pair_transition_backend: auto takes our kernel on CUDA where it fits the widths (c <= 256, multiples of
+    16), else PyTorch; mini_of3 always takes it; torch never. (The device is faked: the choice only.)"""
+    import mini_of3.model.transition as tr
+    calls = []
+    monkeypatch.setattr(tr, "transition", lambda x, **kwargs: calls.append(kwargs["backend"]) or x)
+    layer = tr.Transition(c=c, n=2, backend=backend)
+    x = torch.randn(1, 3, c)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: device_is_cuda))
+    layer(x)
+    assert calls == (["triton"] if uses_kernel else [])
+
+
+def test_transition_rejects_an_unknown_backend():
+    from mini_of3.model.transition import Transition
+    with pytest.raises(ValueError, match="backend must be one of"):
+        Transition(c=16, backend="cueq")
