@@ -62,7 +62,8 @@ def _check_inputs(x, weights: dict, backend: str) -> None:
 
 def _resolve_backend(backend: str, x: torch.Tensor, hidden: int) -> str:
     if backend == "auto":
-        return "triton" if x.is_cuda and x.shape[-1] <= MAX_CHANNELS else "torch"
+        fits = x.shape[-1] <= MAX_CHANNELS and x.shape[-1] % 16 == 0 and hidden % 16 == 0
+        return "triton" if x.is_cuda and fits and x.dtype in SUPPORTED_DTYPES else "torch"
     if backend == "triton":
         C = x.shape[-1]
         if C % 16 or hidden % 16:
@@ -252,7 +253,7 @@ def transition(
         x: [..., C], any strides (copied once when its rows are not contiguous); float32, bfloat16 or float16
         norm_weight, norm_bias: [C]; a_weight, b_weight: [n C, C]; out_weight: [C, n C]
         backend: "triton" (CUDA, or CPU under TRITON_INTERPRET=1; C <= 256 and C, n C multiples of 16), "torch"
-            (the plain reference of reference.py) or "auto" (triton on CUDA where C <= 256, else torch)
+            (the plain reference of reference.py) or "auto" (triton for CUDA tensors it takes, else torch)
     Returns:
         [..., C], contiguous: in the autocast dtype under autocast (as the eager version returns), else in x's dtype.
     """

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mini_of3.kernels import transition
-from mini_of3.kernels.transition import MAX_CHANNELS
+from mini_of3.kernels.transition import MAX_CHANNELS, SUPPORTED_DTYPES
 from mini_of3.model.norm import LayerNorm
 
 TRANSITION_BACKENDS = ("auto", "mini_of3", "torch")
@@ -21,7 +21,8 @@ class Transition(nn.Module):
     n : expansion factor (4 in the Pairformer, 2 in the diffusion conditioning)
     backend : "torch" (PyTorch, as below), "mini_of3" (our fused kernel, :func:`mini_of3.kernels.transition`: the
         hidden activations stay on the chip; CUDA, or CPU under TRITON_INTERPRET=1) or "auto" (the kernel on CUDA
-        where it takes the widths: c <= 256, c and n c multiples of 16; else PyTorch)
+        where it takes the widths and dtype: c <= 256, c and n c multiples of 16, 16- or 32-bit floats; else
+        PyTorch)
     """
 
     def __init__(self, *, c: int, n: int = 4, backend: str = "torch") -> None:
@@ -37,7 +38,8 @@ class Transition(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., c] -> update [..., c] (the caller adds the residual)."""
-        if self.backend == "mini_of3" or (self.backend == "auto" and x.is_cuda and self.kernel_fits):
+        if self.backend == "mini_of3" or (self.backend == "auto" and x.is_cuda and self.kernel_fits
+                                          and x.dtype in SUPPORTED_DTYPES):
             return transition(x, norm_weight=self.layer_norm.weight, norm_bias=self.layer_norm.bias,
                               a_weight=self.linear_a.weight, b_weight=self.linear_b.weight,
                               out_weight=self.linear_out.weight, eps=self.layer_norm.eps, backend="triton")

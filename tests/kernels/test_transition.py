@@ -200,3 +200,15 @@ def test_clear_errors(change, error, match):
     args.update(change)
     with pytest.raises(error, match=match):
         transition(args.pop("x"), **args)
+
+
+@pytest.mark.parametrize("C,dtype,expected", [(128, torch.float32, "triton"), (128, torch.bfloat16, "triton"),
+                                              (384, torch.float32, "torch"), (24, torch.float32, "torch"),
+                                              (128, torch.float64, "torch")])
+def test_auto_takes_the_kernel_only_for_cuda_tensors_it_fits(monkeypatch, C, dtype, expected):
+    """backend="auto" on a CUDA tensor (faked here): the kernel where C <= 256, C and the hidden width are multiples
+    of 16 and the dtype is a 16- or 32-bit float; else the reference."""
+    from mini_of3.kernels.transition import _resolve_backend
+    x = torch.zeros(2, C, dtype=dtype)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    assert _resolve_backend("auto", x, 4 * C) == expected

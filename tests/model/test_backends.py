@@ -260,7 +260,7 @@ def test_fused_gate_follows_the_config(monkeypatch, backend, fused):
 
 @pytest.mark.parametrize("backend,c,device_is_cuda,uses_kernel", [
     ("torch", 16, True, False), ("mini_of3", 16, False, True), ("auto", 16, False, False), ("auto", 16, True, True),
-    ("auto", 384, True, False), ("auto", 24, True, False)])
+    ("auto", 384, True, False), ("auto", 24, True, False), ("auto", 16, True, "float64")])
 def test_transition_backend_choice(monkeypatch, backend, c, device_is_cuda, uses_kernel):
     """model.pair_transition_backend: auto takes our kernel on CUDA where it fits the widths (c <= 256, multiples of
     16), else PyTorch; mini_of3 always takes it; torch never. (The device is faked: the choice only.)"""
@@ -269,6 +269,8 @@ def test_transition_backend_choice(monkeypatch, backend, c, device_is_cuda, uses
     monkeypatch.setattr(tr, "transition", lambda x, **kwargs: calls.append(kwargs["backend"]) or x)
     layer = tr.Transition(c=c, n=2, backend=backend)
     x = torch.randn(1, 3, c)
+    if uses_kernel == "float64":       # a float64 model stays on PyTorch
+        layer, x, uses_kernel = layer.double(), x.double(), False
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: device_is_cuda))
     layer(x)
     assert calls == (["triton"] if uses_kernel else [])
