@@ -142,7 +142,8 @@ def forward(x, ln_w, ln_b, w_a, w_b, w_o, eps: float, compute_dtype: torch.dtype
 
 
 def backward(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, compute_dtype: torch.dtype):
-    """dx and the gradients of the five weights, each in its own dtype."""
+    """dx and the weight gradients as whole buffers (``weight_grads`` slices them): the norm weight and bias rows
+    [2, pow2(C)] and d(W_a | W_b) [2 hid, C] in float32, d W_out [C, hid] in its dtype."""
     C, hid, dev, cdt = x.shape[-1], w_a.shape[0], x.device, compute_dtype
     rows = x.reshape(-1, C).contiguous()                                           # [M, C]
     M = rows.shape[0]
@@ -160,13 +161,20 @@ def backward(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, compute_dtype: torch.dty
         rows, dout_rows, ln_w.float().contiguous(), ln_b.float().contiguous(), wa, wb, wo, stats[0], stats[1], dx,
         hidden, dab, xn, part, M, C=C, HID=hid, DOT_PREC=_dot_precision(cdt), BLOCK_M=tiles.bwd_m,
         BLOCK_C=block_c, BLOCK_HC=tiles.bwd_hc, num_warps=tiles.bwd_warps, num_stages=tiles.bwd_stages)
-    d_ln = part.sum(0)[:, :C]                                                      # [2, C]
+    d_ln = part.sum(0)                                                             # [2, pow2(C)]
     d_o = _weight_grad(dout_rows.mT[None], hidden[None], w_o.dtype)               # [C, hid]
     del hidden
     d_ab = _weight_grad(dab.mT[None], xn[None], torch.float32)                     # [2 hid, C]
-    # separate tensors, not views of one (a custom op's outputs may not alias each other)
-    return (dx.view(x.shape), d_ln[0].to(ln_w.dtype, copy=True), d_ln[1].to(ln_b.dtype, copy=True),
-            d_ab[:hid].to(w_a.dtype, copy=True), d_ab[hid:].to(w_b.dtype, copy=True), d_o)
+    return dx.view(x.shape), d_ln, d_ab, d_o
+
+
+def weight_grads(weights, d_ln, d_ab, d_o):
+    """The five weight gradients (norm weight, norm bias, W_a, W_b, W_out), each in its weight's dtype, from the
+    backward's whole buffers: views of them where the dtype already matches (no copy kernels)."""
+    ln_w, ln_b, w_a, w_b, _w_o = weights
+    C, hid = ln_w.shape[0], w_a.shape[0]
+    return (d_ln[0, :C].to(ln_w.dtype), d_ln[1, :C].to(ln_b.dtype), d_ab[:hid].to(w_a.dtype),
+            d_ab[hid:].to(w_b.dtype), d_o)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -190,13 +198,15 @@ def _fwd_fake(x, ln_w, ln_b, w_a, w_b, w_o, eps, compute_dtype, out_dtype, store
 @torch.library.custom_op("mini_of3::transition_bwd", mutates_args=())
 def _bwd_op(dout: torch.Tensor, x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w_a: torch.Tensor,
             w_b: torch.Tensor, w_o: torch.Tensor, stats: torch.Tensor, compute_dtype: torch.dtype
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return backward(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, compute_dtype)
 
 
 @_bwd_op.register_fake
 def _bwd_fake(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, compute_dtype):
-    return tuple(t.new_empty(t.shape) for t in (x, ln_w, ln_b, w_a, w_b, w_o))
+    C, f32 = x.shape[-1], torch.float32
+    return (x.new_empty(x.shape), x.new_empty((2, triton.next_power_of_2(C)), dtype=f32),
+            x.new_empty((2 * w_a.shape[0], C), dtype=f32), w_o.new_empty(w_o.shape))
 
 
 def _setup_context(ctx, inputs, output):
@@ -209,9 +219,9 @@ def _setup_context(ctx, inputs, output):
 
 
 def _autograd_backward(ctx, dout, _stats_grad, backward_fn=_bwd_op):
-    x, ln_w, ln_b, w_a, w_b, w_o, stats = ctx.saved_tensors
-    grads = backward_fn(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, ctx.compute_dtype)
-    return (*grads, None, None, None, None)
+    x, *weights, stats = ctx.saved_tensors
+    dx, *buffers = backward_fn(dout, x, *weights, stats, ctx.compute_dtype)
+    return (dx, *weight_grads(weights, *buffers), None, None, None, None)
 
 
 _fwd_op.register_autograd(_autograd_backward, setup_context=_setup_context)

@@ -195,7 +195,9 @@ def _weight_grad(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.
 
 def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out, ab, t, gpre, stats_in,
              stats_out, outgoing: bool, eps: float):
-    """dz and the gradients of the eight weights, each in its own dtype."""
+    """dz and the weight gradients as whole float32 buffers (``weight_grads`` slices them): the norm_in weight
+    and bias rows [2, pow2(C)], d(p_in | g_in | g_out) [4 h + C, C], the norm_out rows [2, pow2(h)], and d p_out
+    [C, h] in p_out's dtype."""
     B, N, _, C = z.shape
     h, NN, dev, cdt = p_in.shape[0] // 2, N * N, z.device, ab.dtype
     tiles = _tiles(C, h)
@@ -215,7 +217,7 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
         t, ln_out_w.float().contiguous(), ln_out_b.float().contiguous(), w_po, gpre, dout, stats_out[0], stats_out[1],
         dt, ta, dy, dpg, part_out, *dout.stride(), N, NN, C=C, H=h, DOT_PREC=prec, BLOCK_P=tiles.out_bwd_p,
         BLOCK_C=_pow2(C), BLOCK_H=_pow2(h), num_warps=tiles.out_bwd_warps)
-    d_ln_out = part_out.sum(0)[:, :h]                                            # [2, h]
+    d_ln_out = part_out.sum(0)                                                   # [2, pow2(h)]
     d_p_out = _weight_grad(dy.mT, ta.mT, p_out.dtype)                            # [C, h]
     del dy, ta
 
@@ -241,13 +243,19 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
         stats_in[0], stats_in[1], dz, dpg, x, part_in, *z.stride(), *m_strides, N, NN, B * h * NN,
         C=C, H=h, HAS_MASK=mask is not None, DOT_PREC=prec, BLOCK_M=tiles.proj_bwd_m, BLOCK_C=_pow2(C),
         BLOCK_HC=tiles.proj_bwd_hc, num_warps=tiles.proj_bwd_warps, num_stages=tiles.proj_bwd_stages)
-    d_ln_in = part_in.sum(0)[:, :C]                                              # [2, C]
+    d_ln_in = part_in.sum(0)                                                     # [2, pow2(C)]
     d_pg = _weight_grad(dpg, x, torch.float32)                                   # [4 h + C, C]
-    # separate tensors, not views of one (a custom op's outputs may not alias each other)
-    grads = (d_ln_in[0], d_ln_in[1], d_pg[:2 * h], d_pg[2 * h:4 * h], d_ln_out[0], d_ln_out[1])
-    dtypes = (ln_in_w.dtype, ln_in_b.dtype, p_in.dtype, g_in.dtype, ln_out_w.dtype, ln_out_b.dtype)
-    return (dz, *(g.to(dtype, copy=True) for g, dtype in zip(grads, dtypes)), d_p_out,
-            d_pg[4 * h:].to(g_out.dtype, copy=True))
+    return dz, d_ln_in, d_pg, d_ln_out, d_p_out
+
+
+def weight_grads(weights, d_ln_in, d_pg, d_ln_out, d_p_out):
+    """The eight weight gradients, in WEIGHT_NAMES order and each weight's dtype, from the backward's whole
+    buffers: views of them where the dtype already matches (no copy kernels)."""
+    ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out = weights
+    C, h = ln_in_w.shape[0], p_in.shape[0] // 2
+    return (d_ln_in[0, :C].to(ln_in_w.dtype), d_ln_in[1, :C].to(ln_in_b.dtype), d_pg[:2 * h].to(p_in.dtype),
+            d_pg[2 * h:4 * h].to(g_in.dtype), d_ln_out[0, :h].to(ln_out_w.dtype),
+            d_ln_out[1, :h].to(ln_out_b.dtype), d_p_out, d_pg[4 * h:].to(g_out.dtype))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -279,8 +287,7 @@ def _bwd_op(dout: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None, ln_i
             ln_in_b: torch.Tensor, p_in: torch.Tensor, g_in: torch.Tensor, ln_out_w: torch.Tensor,
             ln_out_b: torch.Tensor, p_out: torch.Tensor, g_out: torch.Tensor, ab: torch.Tensor, t: torch.Tensor,
             gpre: torch.Tensor, stats_in: torch.Tensor, stats_out: torch.Tensor, outgoing: bool, eps: float
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                       torch.Tensor, torch.Tensor, torch.Tensor]:
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out, ab, t, gpre,
                     stats_in, stats_out, outgoing, eps)
 
@@ -288,7 +295,9 @@ def _bwd_op(dout: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None, ln_i
 @_bwd_op.register_fake
 def _bwd_fake(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out, ab, t, gpre, stats_in,
               stats_out, outgoing, eps):
-    return tuple(x.new_empty(x.shape) for x in (z, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out))
+    C, h2, f32 = z.shape[-1], p_in.shape[0], torch.float32
+    return (z.new_empty(z.shape), z.new_empty((2, _pow2(C)), dtype=f32), z.new_empty((h2 * 2 + C, C), dtype=f32),
+            z.new_empty((2, _pow2(h2 // 2)), dtype=f32), p_out.new_empty(p_out.shape))
 
 
 def _setup_context(ctx, inputs, output):
@@ -302,8 +311,8 @@ def _setup_context(ctx, inputs, output):
 
 def _autograd_backward(ctx, dout, *_residual_grads, backward_fn=_bwd_op):
     z, mask, *rest = ctx.saved_tensors
-    grads = backward_fn(dout, z, mask, *rest, ctx.outgoing, ctx.eps)
-    return grads[0], None, *grads[1:], None, None, None, None
+    dz, *buffers = backward_fn(dout, z, mask, *rest, ctx.outgoing, ctx.eps)
+    return dz, None, *weight_grads(rest[:8], *buffers), None, None, None, None
 
 
 _fwd_op.register_autograd(_autograd_backward, setup_context=_setup_context)
