@@ -3,8 +3,8 @@ the GPU, where larger cases run too).
 
 Covering set, not a cross-product (the interpreter is slow): N in {13, 17, 24} (odd, and no multiple of the 32-pair
 tiles), C and h in {16, 32, 48} (48: channel tiles padded to 64), B in {1, 2}, both directions, float32 and bf16 z,
-with and without bf16 autocast (and once fp16 autocast), bool, float and no masks (a fully masked token row and column plus random holes),
-each appear at least once. Outputs are poisoned with NaN beforehand (MINI_OF3_POISON=1), so an element a kernel
+with and without bf16 autocast (and once fp16 autocast), bool, float and no masks (a fully masked token row and
+column plus random holes), each appear at least once. Outputs are poisoned with NaN beforehand (MINI_OF3_POISON=1), so an element a kernel
 forgot to write fails the comparison. Errors are norm-relative against float64 (the output, dz and every weight
 gradient on its own).
 """
