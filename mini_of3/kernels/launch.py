@@ -28,6 +28,24 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def eager_function(name: str, forward, setup_context, autograd_backward, backward) -> type:
+    """The eager path of a custom op pair: an autograd.Function that calls the ops' Python ``forward`` and
+    ``backward`` directly, without torch.library's dispatch (host time, see triangle_attention.py), wired with the
+    same ``setup_context`` and ``autograd_backward(ctx, *grads, backward_fn=...)`` as the op's autograd. Under
+    torch.compile the custom ops are used, opaque to the compiler."""
+
+    def eager_forward(ctx, *inputs):
+        output = forward(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
+
+    def eager_backward(ctx, *grads):
+        return autograd_backward(ctx, *grads, backward_fn=backward)
+
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(eager_forward),
+                                                    "backward": staticmethod(eager_backward)})
+
+
 class TileOverride:
     """Tiles of one fused op set for a while instead of its defaults: ``with override(field=value, ...)`` applies to
     every call in the process meanwhile, backward included (a process-wide setting, not a context variable: the

@@ -23,7 +23,7 @@ import torch
 import triton
 
 from mini_of3.kernels import transition_kernels as K
-from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, interpreting
+from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, eager_function, interpreting
 from mini_of3.kernels.reference import transition_reference
 from mini_of3.kernels.triangle_multiplication import _weight_grad
 
@@ -227,19 +227,7 @@ def _autograd_backward(ctx, dout, _stats_grad, backward_fn=_bwd_op):
 _fwd_op.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
-class _EagerTransition(torch.autograd.Function):
-    """The eager path: the custom ops' forward and backward without torch.library's dispatch (host time, as in
-    triangle_attention.py). Under torch.compile the custom ops are used, opaque to the compiler."""
-
-    @staticmethod
-    def forward(ctx, *inputs):
-        output = forward(*inputs)
-        _setup_context(ctx, inputs, output)
-        return output
-
-    @staticmethod
-    def backward(ctx, dout, stats_grad):
-        return _autograd_backward(ctx, dout, stats_grad, backward_fn=backward)
+_EagerTransition = eager_function("_EagerTransition", forward, _setup_context, _autograd_backward, backward)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ The default path, in launch order (triangle_multiplication.py):
                 LayerNorm over h, p_out, the gate: writes the output [B, N, N, C] and the statistics of t.
 backward:
     _tri_mul_out_bwd    reads t, its statistics, norm_out, p_out, the g_out pre-activation, dout; writes dt
-                channels-first, dy = dout * sigmoid(g) [B, N, N, C], d(g_out pre-activation) channels-first into the last C rows of
-                the projections' gradient buffer [B, 4 h + C, N, N], the affine LayerNorm output of t
+                channels-first, dy = dout * sigmoid(g) [B, N, N, C], d(g_out pre-activation) channels-first into
+                the last C rows of the projections' gradient buffer [B, 4 h + C, N, N], the affine LayerNorm output of t
                 channels-first (the operand of the p_out weight GEMM), and per-program partial sums of the
                 norm_out weight and bias gradients.
     (cuBLAS)    da, db from dt, a, b (transposed operands, no copies); the p_out weight gradient dy^T @ ta^T.

@@ -30,7 +30,7 @@ import torch
 import triton
 
 from mini_of3.kernels import tri_mul_kernels as K
-from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, interpreting
+from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, eager_function, interpreting
 from mini_of3.kernels.reference import triangle_multiplication_reference
 
 BACKENDS = ("auto", "triton", "torch")
@@ -318,19 +318,8 @@ def _autograd_backward(ctx, dout, *_residual_grads, backward_fn=_bwd_op):
 _fwd_op.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
-class _EagerTriangleMultiplication(torch.autograd.Function):
-    """The eager path: the custom ops' forward and backward without torch.library's dispatch (host time, as in
-    triangle_attention.py). Under torch.compile the custom ops are used, opaque to the compiler."""
-
-    @staticmethod
-    def forward(ctx, *inputs):
-        output = forward(*inputs)
-        _setup_context(ctx, inputs, output)
-        return output
-
-    @staticmethod
-    def backward(ctx, dout, *residual_grads):
-        return _autograd_backward(ctx, dout, *residual_grads, backward_fn=backward)
+_EagerTriangleMultiplication = eager_function("_EagerTriangleMultiplication", forward, _setup_context,
+                                              _autograd_backward, backward)
 
 
 # ---------------------------------------------------------------------------------------------------------------
