@@ -60,10 +60,16 @@ def _check_inputs(x, weights: dict, backend: str) -> None:
         raise ValueError(f"transition: every dimension must be >= 1, got x of shape {tuple(x.shape)}")
 
 
+def kernel_takes(x: torch.Tensor, hidden: int) -> bool:
+    """Whether backend="auto" runs the Triton kernel on x: a CUDA tensor of a 16- or 32-bit float dtype, with
+    C <= MAX_CHANNELS channels, C and the hidden width multiples of 16."""
+    C = x.shape[-1]
+    return x.is_cuda and x.dtype in SUPPORTED_DTYPES and C <= MAX_CHANNELS and C % 16 == 0 and hidden % 16 == 0
+
+
 def _resolve_backend(backend: str, x: torch.Tensor, hidden: int) -> str:
     if backend == "auto":
-        fits = x.shape[-1] <= MAX_CHANNELS and x.shape[-1] % 16 == 0 and hidden % 16 == 0
-        return "triton" if x.is_cuda and fits and x.dtype in SUPPORTED_DTYPES else "torch"
+        return "triton" if kernel_takes(x, hidden) else "torch"
     if backend == "triton":
         C = x.shape[-1]
         if C % 16 or hidden % 16:

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mini_of3.kernels import transition
-from mini_of3.kernels.transition import MAX_CHANNELS, SUPPORTED_DTYPES
+from mini_of3.kernels.transition import kernel_takes
 from mini_of3.model.norm import LayerNorm
 
 TRANSITION_BACKENDS = ("auto", "mini_of3", "torch")
@@ -30,7 +30,6 @@ class Transition(nn.Module):
         if backend not in TRANSITION_BACKENDS:
             raise ValueError(f"Transition: backend must be one of {TRANSITION_BACKENDS}, got {backend!r}")
         self.backend = backend
-        self.kernel_fits = c <= MAX_CHANNELS and c % 16 == 0
         self.layer_norm = LayerNorm(c)
         self.linear_a = nn.Linear(c, n * c, bias=False)
         self.linear_b = nn.Linear(c, n * c, bias=False)
@@ -38,8 +37,7 @@ class Transition(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., c] -> update [..., c] (the caller adds the residual)."""
-        if self.backend == "mini_of3" or (self.backend == "auto" and x.is_cuda and self.kernel_fits
-                                          and x.dtype in SUPPORTED_DTYPES):
+        if self.backend == "mini_of3" or (self.backend == "auto" and kernel_takes(x, self.linear_a.out_features)):
             return transition(x, norm_weight=self.layer_norm.weight, norm_bias=self.layer_norm.bias,
                               a_weight=self.linear_a.weight, b_weight=self.linear_b.weight,
                               out_weight=self.linear_out.weight, eps=self.layer_norm.eps, backend="triton")
