@@ -128,33 +128,45 @@ def _tiles(C: int, hidden: int) -> TransitionTiles:
 
 def forward(x, ln_w, ln_b, w_a, w_b, w_o, eps: float, compute_dtype: torch.dtype, out_dtype: torch.dtype,
             store_stats: bool):
-    """out [..., C] (out_dtype) and the LayerNorm statistics [2, M] float32 (mean, rstd; empty without
-    ``store_stats``)."""
+    """out [..., C] (out_dtype), the LayerNorm statistics [2, M] float32 (mean, rstd; empty without
+    ``store_stats``) and the weights in the compute dtype, (W_a | W_b) [2 hid, C] and W_out [C, hid], for the
+    backward (which then casts none again)."""
     C, hid, dev = x.shape[-1], w_a.shape[0], x.device
     rows = x.reshape(-1, C).contiguous()                                           # [M, C]
     M = rows.shape[0]
     tiles = _tiles(C, hid)
     cdt = compute_dtype
-    wa, wb, wo = (w.to(cdt).contiguous() for w in (w_a, w_b, w_o))
+    w_ab, wo = compute_weights(w_a, w_b, w_o, cdt)
     out = _new((M, C), out_dtype, dev)
     stats = _new((2, M) if store_stats else (2, 0), torch.float32, dev)
     K._transition_fwd[(triton.cdiv(M, tiles.fwd_m),)](
-        rows, ln_w.float().contiguous(), ln_b.float().contiguous(), wa, wb, wo, out,
+        rows, ln_w.float().contiguous(), ln_b.float().contiguous(), w_ab[:hid], w_ab[hid:], wo, out,
         stats[0] if store_stats else out, stats[1] if store_stats else out, M, eps,
         C=C, HID=hid, STORE_STATS=store_stats, DOT_PREC=_dot_precision(cdt), BLOCK_M=tiles.fwd_m,
         BLOCK_C=triton.next_power_of_2(C), BLOCK_HC=tiles.fwd_hc, num_warps=tiles.fwd_warps,
         num_stages=tiles.fwd_stages)
-    return out.view(x.shape[:-1] + (C,)), stats
+    return out.view(x.shape[:-1] + (C,)), stats, w_ab, wo
 
 
-def backward(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, compute_dtype: torch.dtype):
+def compute_weights(w_a, w_b, w_o, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W_a | W_b) [2 hid, C] and W_out [C, hid] in the compute dtype, in tensors of their own (op outputs may not
+    alias inputs)."""
+    hid, C = w_a.shape
+    w_ab = _new((2 * hid, C), dtype, w_a.device)
+    w_ab[:hid].copy_(w_a)
+    w_ab[hid:].copy_(w_b)
+    wo = _new((C, hid), dtype, w_o.device)
+    wo.copy_(w_o)
+    return w_ab, wo
+
+
+def backward(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, w_ab, wo, compute_dtype: torch.dtype):
     """dx and the weight gradients as whole buffers (``weight_grads`` slices them): the norm weight and bias rows
     [2, pow2(C)] and d(W_a | W_b) [2 hid, C] in float32, d W_out [C, hid] in its dtype."""
     C, hid, dev, cdt = x.shape[-1], w_a.shape[0], x.device, compute_dtype
     rows = x.reshape(-1, C).contiguous()                                           # [M, C]
     M = rows.shape[0]
     tiles = _tiles(C, hid)
-    wa, wb, wo = (w.to(cdt).contiguous() for w in (w_a, w_b, w_o))
     dout_rows = dout.reshape(-1, C).to(cdt).contiguous()                           # [M, C]
     dx = _new((M, C), x.dtype, dev)
     hidden = _new((M, hid), cdt, dev)
@@ -164,7 +176,8 @@ def backward(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, compute_dtype: torch.dty
     block_c = triton.next_power_of_2(C)
     part = _new((grid[0], 2, block_c), torch.float32, dev)
     K._transition_bwd[grid](
-        rows, dout_rows, ln_w.float().contiguous(), ln_b.float().contiguous(), wa, wb, wo, stats[0], stats[1], dx,
+        rows, dout_rows, ln_w.float().contiguous(), ln_b.float().contiguous(), w_ab[:hid], w_ab[hid:], wo, stats[0],
+        stats[1], dx,
         hidden, dab, xn, part, M, C=C, HID=hid, DOT_PREC=_dot_precision(cdt), BLOCK_M=tiles.bwd_m,
         BLOCK_C=block_c, BLOCK_HC=tiles.bwd_hc, num_warps=tiles.bwd_warps, num_stages=tiles.bwd_stages)
     d_ln = part.sum(0)                                                             # [2, pow2(C)]
@@ -190,26 +203,27 @@ def weight_grads(weights, d_ln, d_ab, d_o):
 @torch.library.custom_op("mini_of3::transition_fwd", mutates_args=())
 def _fwd_op(x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w_a: torch.Tensor, w_b: torch.Tensor,
             w_o: torch.Tensor, eps: float, compute_dtype: torch.dtype, out_dtype: torch.dtype,
-            store_stats: bool) -> tuple[torch.Tensor, torch.Tensor]:
+            store_stats: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return forward(x, ln_w, ln_b, w_a, w_b, w_o, eps, compute_dtype, out_dtype, store_stats)
 
 
 @_fwd_op.register_fake
 def _fwd_fake(x, ln_w, ln_b, w_a, w_b, w_o, eps, compute_dtype, out_dtype, store_stats):
-    M = x.numel() // x.shape[-1]
+    M, C, hid = x.numel() // x.shape[-1], x.shape[-1], w_a.shape[0]
     return (x.new_empty(x.shape, dtype=out_dtype),
-            x.new_empty((2, M) if store_stats else (2, 0), dtype=torch.float32))
+            x.new_empty((2, M) if store_stats else (2, 0), dtype=torch.float32),
+            x.new_empty((2 * hid, C), dtype=compute_dtype), x.new_empty((C, hid), dtype=compute_dtype))
 
 
 @torch.library.custom_op("mini_of3::transition_bwd", mutates_args=())
 def _bwd_op(dout: torch.Tensor, x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, w_a: torch.Tensor,
-            w_b: torch.Tensor, w_o: torch.Tensor, stats: torch.Tensor, compute_dtype: torch.dtype
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return backward(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, compute_dtype)
+            w_b: torch.Tensor, w_o: torch.Tensor, stats: torch.Tensor, w_ab: torch.Tensor, wo: torch.Tensor,
+            compute_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return backward(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, w_ab, wo, compute_dtype)
 
 
 @_bwd_op.register_fake
-def _bwd_fake(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, compute_dtype):
+def _bwd_fake(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, w_ab, wo, compute_dtype):
     C, f32 = x.shape[-1], torch.float32
     return (x.new_empty(x.shape), x.new_empty((2, triton.next_power_of_2(C)), dtype=f32),
             x.new_empty((2 * w_a.shape[0], C), dtype=f32), w_o.new_empty(w_o.shape))
@@ -217,16 +231,16 @@ def _bwd_fake(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, compute_dtype):
 
 def _setup_context(ctx, inputs, output):
     x, ln_w, ln_b, w_a, w_b, w_o, _eps, compute_dtype, _out_dtype, _store = inputs
-    _out, stats = output
-    ctx.save_for_backward(x, ln_w, ln_b, w_a, w_b, w_o, stats)
+    _out, *residuals = output
+    ctx.save_for_backward(x, ln_w, ln_b, w_a, w_b, w_o, *residuals)
     ctx.compute_dtype = compute_dtype
-    ctx.mark_non_differentiable(stats)
+    ctx.mark_non_differentiable(*residuals)
     ctx.set_materialize_grads(False)
 
 
-def _autograd_backward(ctx, dout, _stats_grad, backward_fn=_bwd_op):
-    x, *weights, stats = ctx.saved_tensors
-    dx, *buffers = backward_fn(dout, x, *weights, stats, ctx.compute_dtype)
+def _autograd_backward(ctx, dout, *_residual_grads, backward_fn=_bwd_op):
+    x, *weights, stats, w_ab, wo = ctx.saved_tensors
+    dx, *buffers = backward_fn(dout, x, *weights, stats, w_ab, wo, ctx.compute_dtype)
     return (dx, *weight_grads(weights, *buffers), None, None, None, None)
 
 

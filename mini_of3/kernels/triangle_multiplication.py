@@ -155,12 +155,14 @@ def _pow2(n: int) -> int:
 def forward(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out, outgoing: bool, eps: float,
             compute_dtype: torch.dtype, out_dtype: torch.dtype):
     """out [B, N, N, C] (out_dtype) and the residuals of the backward: ab [2, B * h, N, N], t [B * h, N, N],
-    g_out's pre-activation [B, N, N, C] (all compute_dtype), stats_in, stats_out [2, B, N * N] float32."""
+    g_out's pre-activation [B, N, N, C] (all compute_dtype), stats_in, stats_out [2, B, N * N] float32, and the
+    projection weights in the compute dtype (:func:`compute_weights`), so that the backward casts none again."""
     B, N, _, C = z.shape
     h, NN, dev = p_in.shape[0] // 2, N * N, z.device
     tiles = _tiles(C, h)
     cdt = compute_dtype
-    w_p, w_g, w_go, w_po = (w.to(cdt).contiguous() for w in (p_in, g_in, g_out, p_out))
+    w_in, w_po = compute_weights(p_in, g_in, g_out, p_out, cdt)
+    w_p, w_g, w_go = w_in[:2 * h], w_in[2 * h:4 * h], w_in[4 * h:]
     ab = _new((2, B * h, N, N), cdt, dev)
     gpre = _new((B, N, N, C), cdt, dev)
     stats_in = _new((2, B, NN), torch.float32, dev)
@@ -179,7 +181,19 @@ def forward(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_
         t, ln_out_w.float().contiguous(), ln_out_b.float().contiguous(), w_po, gpre, out, stats_out[0], stats_out[1],
         NN, eps, C=C, H=h, DOT_PREC=_dot_precision(cdt), BLOCK_P=tiles.out_fwd_p, BLOCK_C=_pow2(C),
         BLOCK_H=_pow2(h), num_warps=tiles.out_fwd_warps)
-    return out, ab, t, gpre, stats_in, stats_out
+    return out, ab, t, gpre, stats_in, stats_out, w_in, w_po
+
+
+def compute_weights(p_in, g_in, g_out, p_out, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The projection weights in the compute dtype, in tensors of their own (op outputs may not alias inputs):
+    (p_in | g_in | g_out) [4 h + C, C], the rows of the input side's weight-gradient buffer, and p_out [C, h]."""
+    h2, C = p_in.shape
+    w_in = _new((2 * h2 + C, C), dtype, p_in.device)
+    for rows, w in zip((slice(0, h2), slice(h2, 2 * h2), slice(2 * h2, None)), (p_in, g_in, g_out)):
+        w_in[rows].copy_(w)
+    w_po = _new(tuple(p_out.shape), dtype, p_out.device)
+    w_po.copy_(p_out)
+    return w_in, w_po
 
 
 def _weight_grad(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -194,14 +208,14 @@ def _weight_grad(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.
 
 
 def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out, ab, t, gpre, stats_in,
-             stats_out, outgoing: bool, eps: float):
+             stats_out, w_in, w_po, outgoing: bool, eps: float):
     """dz and the weight gradients as whole float32 buffers (``weight_grads`` slices them): the norm_in weight
     and bias rows [2, pow2(C)], d(p_in | g_in | g_out) [4 h + C, C], the norm_out rows [2, pow2(h)], and d p_out
     [C, h] in p_out's dtype."""
     B, N, _, C = z.shape
     h, NN, dev, cdt = p_in.shape[0] // 2, N * N, z.device, ab.dtype
     tiles = _tiles(C, h)
-    w_p, w_g, w_go, w_po = (w.to(cdt).contiguous() for w in (p_in, g_in, g_out, p_out))
+    w_p, w_g, w_go = w_in[:2 * h], w_in[2 * h:4 * h], w_in[4 * h:]
     prec = _dot_precision(cdt)
 
     # output side: LayerNorm over h, p_out, the gate
@@ -267,7 +281,7 @@ def _fwd_op(z: torch.Tensor, mask: torch.Tensor | None, ln_in_w: torch.Tensor, l
             p_in: torch.Tensor, g_in: torch.Tensor, ln_out_w: torch.Tensor, ln_out_b: torch.Tensor,
             p_out: torch.Tensor, g_out: torch.Tensor, outgoing: bool, eps: float, compute_dtype: torch.dtype,
             out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                             torch.Tensor]:
+                                             torch.Tensor, torch.Tensor, torch.Tensor]:
     return forward(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out, outgoing, eps,
                    compute_dtype, out_dtype)
 
@@ -279,22 +293,24 @@ def _fwd_fake(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, 
     h = p_in.shape[0] // 2
     return (z.new_empty((B, N, N, C), dtype=out_dtype), z.new_empty((2, B * h, N, N), dtype=compute_dtype),
             z.new_empty((B * h, N, N), dtype=compute_dtype), z.new_empty((B, N, N, C), dtype=compute_dtype),
-            z.new_empty((2, B, N * N), dtype=torch.float32), z.new_empty((2, B, N * N), dtype=torch.float32))
+            z.new_empty((2, B, N * N), dtype=torch.float32), z.new_empty((2, B, N * N), dtype=torch.float32),
+            z.new_empty((4 * h + C, C), dtype=compute_dtype), z.new_empty((C, h), dtype=compute_dtype))
 
 
 @torch.library.custom_op("mini_of3::triangle_multiplication_bwd", mutates_args=())
 def _bwd_op(dout: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None, ln_in_w: torch.Tensor,
             ln_in_b: torch.Tensor, p_in: torch.Tensor, g_in: torch.Tensor, ln_out_w: torch.Tensor,
             ln_out_b: torch.Tensor, p_out: torch.Tensor, g_out: torch.Tensor, ab: torch.Tensor, t: torch.Tensor,
-            gpre: torch.Tensor, stats_in: torch.Tensor, stats_out: torch.Tensor, outgoing: bool, eps: float
+            gpre: torch.Tensor, stats_in: torch.Tensor, stats_out: torch.Tensor, w_in: torch.Tensor,
+            w_po: torch.Tensor, outgoing: bool, eps: float
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out, ab, t, gpre,
-                    stats_in, stats_out, outgoing, eps)
+                    stats_in, stats_out, w_in, w_po, outgoing, eps)
 
 
 @_bwd_op.register_fake
 def _bwd_fake(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out, ab, t, gpre, stats_in,
-              stats_out, outgoing, eps):
+              stats_out, w_in, w_po, outgoing, eps):
     C, h2, f32 = z.shape[-1], p_in.shape[0], torch.float32
     return (z.new_empty(z.shape), z.new_empty((2, _pow2(C)), dtype=f32), z.new_empty((h2 * 2 + C, C), dtype=f32),
             z.new_empty((2, _pow2(h2 // 2)), dtype=f32), p_out.new_empty(p_out.shape))

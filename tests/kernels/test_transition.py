@@ -157,8 +157,8 @@ def test_opcheck_ops():
     torch.library.opcheck(_fwd_op, args, test_utils=("test_schema", "test_autograd_registration",
                                                      "test_faketensor"))
     x, w = x.detach(), [t.detach() for t in w]
-    _, stats = forward(x, *w, 1e-5, torch.bfloat16, torch.bfloat16, True)
-    torch.library.opcheck(_bwd_op, (dout.bfloat16(), x, *w, stats, torch.bfloat16),
+    _, *residuals = forward(x, *w, 1e-5, torch.bfloat16, torch.bfloat16, True)
+    torch.library.opcheck(_bwd_op, (dout.bfloat16(), x, *w, *residuals, torch.bfloat16),
                           test_utils=("test_schema", "test_faketensor"))
 
 
