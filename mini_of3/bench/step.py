@@ -38,8 +38,8 @@ DEFAULT_CONFIG = "configs/crop384.yaml"
 DEFAULT_ARMS = "mini_of3+mini_of3,mini_of3+cueq,cueq+cueq,trifast+cueq,of3_triton+cueq,cueq+mini_of3,mini_of3+torch"
 COMPILE_MODES = ("default", "reduce-overhead")      # an arm's optional ``:mode`` (trainer.compile_mode)
 SLOW_STEP_S = 10.0        # an arm whose warm-up step takes longer is not timed at this crop or any larger one
-CATEGORIES = ("triangle attention", "triangle multiplication", "GEMMs", "layer norms", "copies/casts",
-              "diffusion module (fwd)", "pLDDT rollout", "optimizer", "other")
+CATEGORIES = ("triangle attention", "triangle multiplication", "pair transition", "GEMMs", "layer norms",
+              "copies/casts", "diffusion module (fwd)", "pLDDT rollout", "optimizer", "other")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -184,6 +184,7 @@ def timed_step(arm: Arm, batch: dict) -> tuple[float, float]:
 
 
 _BY_NAME = (   # (category, pattern on a kernel's or op's name), first match wins
+    ("pair transition", r"_transition_(fwd|bwd)\b"),          # our fused transition (before the attention's _fwd)
     ("triangle multiplication", r"triangle_mul|trimul|tri_mul|multiplicative|fused_sigmoid_gated_dual_gemm|"
                                 r"layer_norm_transpose"),      # ours (_tri_mul_*) and cuEquivariance's kernels
     ("triangle attention", r"_fwd\b|_bwd_dq|_bwd_dkdv|_bwd_dbias|_bwd_kv|_bwd_q\b|_bwd_b\b|_sum_chunks|attention|attn|"
