@@ -9,6 +9,8 @@ N/10 tokens padding. Implementations (``--impls``):
 - ``torch_compile``: the same block under ``torch.compile``
 - ``mini_of3``: our triangle attention, triangle multiplication and pair transition kernels
 - ``cueq``: cuEquivariance's triangle attention and triangle multiplication
+- ``mini_of3_compile``, ``cueq_compile``: the same under ``torch.compile``, as the trainer runs a block
+  (``trainer.compile``): the kernels are opaque ops, the PyTorch around them is fused
 
 Rows: ``impl``, ``layer`` (tri_mul_out, tri_mul_in, tri_attn_start, tri_attn_end, pair_transition, single_attention,
 single_transition, block), ``N``, ``fwd_ms``, ``fwdbwd_ms``, ``peak_mib``. On a CPU the times are wall-clock (tests).
@@ -27,7 +29,9 @@ from mini_of3.model.pairformer import PairformerBlock
 
 # impl: (tri_attn_backend, tri_mul_backend, compiled, pair_transition_backend)
 IMPLS = {"torch": ("torch", "torch", False, "torch"), "torch_compile": ("torch", "torch", True, "torch"),
-         "mini_of3": ("mini_of3", "mini_of3", False, "mini_of3"), "cueq": ("cueq", "cueq", False, "torch")}
+         "mini_of3": ("mini_of3", "mini_of3", False, "mini_of3"), "cueq": ("cueq", "cueq", False, "torch"),
+         "mini_of3_compile": ("mini_of3", "mini_of3", True, "mini_of3"),
+         "cueq_compile": ("cueq", "cueq", True, "torch")}
 LAYERS = ("tri_mul_out", "tri_mul_in", "tri_attn_start", "tri_attn_end", "pair_transition", "single_attention",
           "single_transition", "block")
 DEFAULT_CONFIG = "configs/crop384.yaml"
