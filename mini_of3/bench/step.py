@@ -411,6 +411,9 @@ def bench_crop(arms: list[Arm], batch: dict, crop: int, rounds: int, warmup: int
     ``profile`` the breakdown."""
     live = [a for a in arms if a.slow_from is None]
     rows = {a.name: {"impl": a.name, "N": int(batch["token_mask"].shape[1])} for a in arms}
+    cuda = batch["token_mask"].is_cuda
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     for arm in live:
         try:
             for w in range(warmup):
@@ -431,10 +434,14 @@ def bench_crop(arms: list[Arm], batch: dict, crop: int, rounds: int, warmup: int
     for r in range(rounds):
         for arm in live[r % len(live):] + live[:r % len(live)] if live else []:
             times[arm.name].append(timed_step(arm, batch)[0])
+    # the most device memory the process held at this crop, every arm's steps together: an upper bound of what one
+    # arm needs (a graphed arm's activations live in the CUDA graphs' pool, which peak_mib does not see)
+    reserved_mib = torch.cuda.max_memory_reserved() / 2**20 if cuda else None
     for arm in live:
         row, values = rows[arm.name], sorted(times[arm.name])
         row["step_s"] = statistics.median(values)
         row["step_spread_s"] = [values[0], values[-1]]
+        row["crop_reserved_mib"] = reserved_mib
         # memory a step allocates above the weights and the optimizer state
         row["peak_mib"] = peak_mib(lambda: arm.step(batch)) if arm.device.type == "cuda" else None
         if profile:
@@ -527,7 +534,7 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print_table([{**r, "step_ms": r.get("step_s", 0) * 1e3 or None} for r in rows],
                 [("impl", "arm", "s"), ("N", "N", "d"), ("step_ms", "step ms", ".1f"), ("peak_mib", "peak MiB", ".0f"),
-                 ("loss0", "loss0", ".4f")])
+                 ("crop_reserved_mib", "crop reserved MiB", ".0f"), ("loss0", "loss0", ".4f")])
     for r in (r for r in rows if r.get("host")):
         host, gpu = r["host"], sum(r["breakdown_ms"].values())
         print(f"{r['impl']} at {r['N']}: profiled step {host['wall_ms']:.0f} ms wall, {gpu:.0f} ms GPU, "
