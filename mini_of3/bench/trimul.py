@@ -13,7 +13,9 @@ Implementations (``--impls``): ``torch`` (the eager ``triangle_multiplication_to
 
 Rows (``"bench": "tri_mul"``): ``impl``, ``layer`` (``tri_mul_out`` outgoing, ``tri_mul_in`` incoming, as the block
 benchmark names them), ``direction``, ``N``, ``B``, ``C``, ``h``, ``dtype`` ("bf16": the autocast dtype),
-``fwd_ms``, ``fwdbwd_ms`` and their ``*_spread_ms``, ``peak_mib``, and where checked ``err`` {out, dz, <weight name>:
+``fwd_ms``, ``fwdbwd_ms`` and their ``*_spread_ms``, ``fwdbwd_stream_ms`` (forward+backward per call over
+``STREAM_CALLS`` calls back to back, one synchronisation: as a training loop issues them, so that a call's host time
+overlaps the previous call's kernels; ``fwdbwd_ms`` times each call alone, host and device in series), ``peak_mib``, and where checked ``err`` {out, dz, <weight name>:
 ...}, ``bitwise``, ``bitwise_each``. On a CPU the times are wall-clock (tests) and ``peak_mib`` is null.
 """
 from __future__ import annotations
@@ -31,6 +33,7 @@ from mini_of3.kernels import triangle_multiplication, triangle_multiplication_re
 from mini_of3.model.tri_mul_backends import tri_mul_backend, triangle_multiplication_torch
 
 IMPLS = ("torch", "torch_compile", "cueq", "mini_of3")
+STREAM_CALLS = 20
 DIRECTIONS = {"outgoing": "tri_mul_out", "incoming": "tri_mul_in"}
 WEIGHT_NAMES = ("norm_in_weight", "norm_in_bias", "p_in_weight", "g_in_weight", "norm_out_weight", "norm_out_bias",
                 "p_out_weight", "g_out_weight")
@@ -118,8 +121,12 @@ def bench_shape(impls: dict[str, Callable], n: int, direction: str, args, device
         def fwdbwd(r, fn=fn):
             out = call(fn, sets[r][0], sets[r][1], weights, direction, device)
             torch.autograd.grad(out, leaves(r), sets[r][2].to(out.dtype))
-        work[name] = (fwd, fwdbwd)
-    times = {name: {"fwd_ms": [], "fwdbwd_ms": []} for name in impls}
+
+        def stream(r, fwdbwd=fwdbwd):
+            for k in range(STREAM_CALLS):
+                fwdbwd((r + k) % len(sets))
+        work[name] = (fwd, fwdbwd, stream)
+    times = {name: {"fwd_ms": [], "fwdbwd_ms": [], "fwdbwd_stream_ms": []} for name in impls}
     for r in range(args.rounds):
         names = list(work)
         for name in names[r % len(names):] + names[:r % len(names)]:
@@ -128,6 +135,7 @@ def bench_shape(impls: dict[str, Callable], n: int, direction: str, args, device
             try:
                 for key, fn in zip(("fwd_ms", "fwdbwd_ms"), work[name]):
                     times[name][key].append(median_ms(fn, device, args.reps))
+                times[name]["fwdbwd_stream_ms"].append(median_ms(work[name][2], device, 1, warmup=0) / STREAM_CALLS)
             except Exception as err:   # an implementation that fails is reported, not fatal
                 rows[name]["error"] = f"{type(err).__name__}: {str(err)[:300]}"
                 traceback.print_exc(limit=3)
@@ -242,7 +250,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"skipped {name}: {why}")
     print_table([r for r in result["rows"] if "fwd_ms" in r],
                 [("impl", "impl", "s"), ("layer", "layer", "s"), ("N", "N", "d"), ("fwd_ms", "fwd ms", ".3f"),
-                 ("fwdbwd_ms", "fwd+bwd ms", ".3f"), ("peak_mib", "peak MiB", ".0f")])
+                 ("fwdbwd_ms", "fwd+bwd ms", ".3f"), ("fwdbwd_stream_ms", "back to back", ".3f"),
+                 ("peak_mib", "peak MiB", ".0f")])
     print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
 
 
