@@ -441,6 +441,7 @@ def bench_crop(arms: list[Arm], batch: dict, crop: int, rounds: int, warmup: int
         row, values = rows[arm.name], sorted(times[arm.name])
         row["step_s"] = statistics.median(values)
         row["step_spread_s"] = [values[0], values[-1]]
+        row["step_rounds_s"] = times[arm.name]       # in round order: which round an outlier was
         row["crop_reserved_mib"] = reserved_mib
         # memory a step allocates above the weights and the optimizer state
         row["peak_mib"] = peak_mib(lambda: arm.step(batch)) if arm.device.type == "cuda" else None

@@ -24,6 +24,8 @@ def test_step_bench_writes_rows_with_every_field_and_a_plot(small_data, tmp_path
     assert [(r["impl"], r["N"]) for r in result["rows"]] == [("torch+torch", 16), ("torch+torch", 24)]
     for row in result["rows"]:
         assert row["step_s"] > 0 and row["loss0"] == pytest.approx(row["loss0"]) and row["loss0"] > 0
+        assert len(row["step_rounds_s"]) == 2 and sorted(row["step_rounds_s"]) == row["step_spread_s"]
+        assert "crop_reserved_mib" in row
         assert set(row["breakdown_ms"]) == set(step.CATEGORIES) and row["breakdown_ms"]["GEMMs"] > 0
         assert "peak_mib" in row and row["top_kernels"]
         host = row["host"]          # no CUDA runtime calls on the CPU: no launches, no waits
