@@ -291,6 +291,19 @@ def _new(shape, dtype, device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def stacked(tensors, dtype: torch.dtype) -> torch.Tensor:
+    """The rows of ``tensors`` (same width) one after another in one new tensor of ``dtype``, one copy kernel each:
+    the weights in the compute dtype that a forward keeps for its backward (an op's outputs may not alias its
+    inputs, so even a weight already in that dtype is copied)."""
+    rows = sum(t.shape[0] for t in tensors)
+    out = _new((rows, *tensors[0].shape[1:]), dtype, tensors[0].device)
+    start = 0
+    for t in tensors:
+        out[start:start + t.shape[0]].copy_(t)
+        start += t.shape[0]
+    return out
+
+
 def _dot_precision(dtype: torch.dtype) -> str:
     """The kernels' DOT_PREC: float32 inputs multiply in IEEE float32; 16-bit inputs ignore it; the interpreter
     ("upcast") multiplies 16-bit values in float32, since its bf16 dot is wrong in triton 3.9."""

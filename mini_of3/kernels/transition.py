@@ -23,7 +23,7 @@ import torch
 import triton
 
 from mini_of3.kernels import transition_kernels as K
-from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, eager_function, interpreting
+from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, eager_function, interpreting, stacked
 from mini_of3.kernels.reference import transition_reference
 from mini_of3.kernels.triangle_multiplication import _weight_grad
 
@@ -136,7 +136,7 @@ def forward(x, ln_w, ln_b, w_a, w_b, w_o, eps: float, compute_dtype: torch.dtype
     M = rows.shape[0]
     tiles = _tiles(C, hid)
     cdt = compute_dtype
-    w_ab, wo = compute_weights(w_a, w_b, w_o, cdt)
+    w_ab, wo = stacked((w_a, w_b), cdt), stacked((w_o,), cdt)
     out = _new((M, C), out_dtype, dev)
     stats = _new((2, M) if store_stats else (2, 0), torch.float32, dev)
     K._transition_fwd[(triton.cdiv(M, tiles.fwd_m),)](
@@ -146,18 +146,6 @@ def forward(x, ln_w, ln_b, w_a, w_b, w_o, eps: float, compute_dtype: torch.dtype
         BLOCK_C=triton.next_power_of_2(C), BLOCK_HC=tiles.fwd_hc, num_warps=tiles.fwd_warps,
         num_stages=tiles.fwd_stages)
     return out.view(x.shape[:-1] + (C,)), stats, w_ab, wo
-
-
-def compute_weights(w_a, w_b, w_o, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(W_a | W_b) [2 hid, C] and W_out [C, hid] in the compute dtype, in tensors of their own (op outputs may not
-    alias inputs)."""
-    hid, C = w_a.shape
-    w_ab = _new((2 * hid, C), dtype, w_a.device)
-    w_ab[:hid].copy_(w_a)
-    w_ab[hid:].copy_(w_b)
-    wo = _new((C, hid), dtype, w_o.device)
-    wo.copy_(w_o)
-    return w_ab, wo
 
 
 def backward(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, w_ab, wo, compute_dtype: torch.dtype):

@@ -30,7 +30,7 @@ import torch
 import triton
 
 from mini_of3.kernels import tri_mul_kernels as K
-from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, eager_function, interpreting
+from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, eager_function, interpreting, stacked
 from mini_of3.kernels.reference import triangle_multiplication_reference
 
 BACKENDS = ("auto", "triton", "torch")
@@ -156,12 +156,13 @@ def forward(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_
             compute_dtype: torch.dtype, out_dtype: torch.dtype):
     """out [B, N, N, C] (out_dtype) and the residuals of the backward: ab [2, B * h, N, N], t [B * h, N, N],
     g_out's pre-activation [B, N, N, C] (all compute_dtype), stats_in, stats_out [2, B, N * N] float32, and the
-    projection weights in the compute dtype (:func:`compute_weights`), so that the backward casts none again."""
+    projection weights in the compute dtype, (p_in | g_in | g_out) [4 h + C, C] (the rows of the input side's
+    weight-gradient buffer) and p_out [C, h], so that the backward casts none again."""
     B, N, _, C = z.shape
     h, NN, dev = p_in.shape[0] // 2, N * N, z.device
     tiles = _tiles(C, h)
     cdt = compute_dtype
-    w_in, w_po = compute_weights(p_in, g_in, g_out, p_out, cdt)
+    w_in, w_po = stacked((p_in, g_in, g_out), cdt), stacked((p_out,), cdt)
     w_p, w_g, w_go = w_in[:2 * h], w_in[2 * h:4 * h], w_in[4 * h:]
     ab = _new((2, B * h, N, N), cdt, dev)
     gpre = _new((B, N, N, C), cdt, dev)
@@ -182,18 +183,6 @@ def forward(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_
         NN, eps, C=C, H=h, DOT_PREC=_dot_precision(cdt), BLOCK_P=tiles.out_fwd_p, BLOCK_C=_pow2(C),
         BLOCK_H=_pow2(h), num_warps=tiles.out_fwd_warps)
     return out, ab, t, gpre, stats_in, stats_out, w_in, w_po
-
-
-def compute_weights(p_in, g_in, g_out, p_out, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The projection weights in the compute dtype, in tensors of their own (op outputs may not alias inputs):
-    (p_in | g_in | g_out) [4 h + C, C], the rows of the input side's weight-gradient buffer, and p_out [C, h]."""
-    h2, C = p_in.shape
-    w_in = _new((2 * h2 + C, C), dtype, p_in.device)
-    for rows, w in zip((slice(0, h2), slice(h2, 2 * h2), slice(2 * h2, None)), (p_in, g_in, g_out)):
-        w_in[rows].copy_(w)
-    w_po = _new(tuple(p_out.shape), dtype, p_out.device)
-    w_po.copy_(p_out)
-    return w_in, w_po
 
 
 def _weight_grad(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
