@@ -14,7 +14,7 @@ mkdir -p runs; echo default > runs/compile_mode
 timeout 240 python3 -m pytest -q -x tests/model/test_compiled.py -k cuda_graph -p no:cacheprovider 2>&1 | tail -15
 test_rc=${PIPESTATUS[0]}
 echo "cuda_graph test rc=$test_rc"
-timeout ${MINI_OF3_STEP_LIMIT:-270} python3 -m mini_of3.bench step configs/crop384.yaml --data .device/data/cache \
+timeout ${MINI_OF3_STEP_LIMIT:-270} python3 -m mini_of3.bench step configs/crop768.yaml --data .device/data/cache \
   --crops "$crops" --arms "$arms" --rounds 3 --warmup 3 --profile-crops "${crops%%,*}" --out "$OUT" --tag "$tag" \
   "$@" 2>&1 | grep -v 'Warning\|warn' | tail -30
 python3 - "$OUT/step_$tag.json" "$test_rc" <<'PY'

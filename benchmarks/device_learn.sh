@@ -42,7 +42,7 @@ if [[ $phases == *,ablate,* ]] && { [ -f runs/train49.done ] || [[ $phases != *,
     data.sample_weighting=uniform data.min_resolved_fraction=0.5 data.pad_to_crop=true data.num_workers=6
     trainer.val_samples=3"
   echo "== phase 3: crop ablation ($(left) s left)"
-  timeout -k 20 $(($(left) - 30)) python3 -m mini_of3.ablate crops configs/crop384.yaml --crops 256,384,512,768 \
+  timeout -k 20 $(($(left) - 30)) python3 -m mini_of3.ablate crops configs/crop768.yaml --crops 256,384,512,768 \
     --minutes "${ABLATE_MINUTES:-1}" --out "$OUT" --tag gpu $common > "$OUT/ablate_crops.txt" 2>&1
   grep -E "^ablate:|lDDT|^\| |^(untrained|crop) " "$OUT/ablate_crops.txt" | tail -12
   if [ -f "$OUT/ablation_crops_gpu.json" ] && [ "$(left)" -gt 100 ]; then

@@ -22,7 +22,7 @@ if [[ $steps == *kernels* ]]; then
     --out "$OUT" --tag "layouts_$tag" 2>&1 | grep -v '^{' | grep -v 'Warning\|return super\|warn' | tail -40
 fi
 if [[ $steps == *step* ]]; then
-  timeout ${MINI_OF3_STEP_LIMIT:-330} python3 -m mini_of3.bench step configs/crop384.yaml --data .device/data/cache \
+  timeout ${MINI_OF3_STEP_LIMIT:-330} python3 -m mini_of3.bench step configs/crop768.yaml --data .device/data/cache \
     --crops "$crops" --arms "$arms" --out "$OUT" --tag "$tag" ${MINI_OF3_STEP_ARGS:-} 2>&1 | grep -v 'Warning\|warn' | tail -40
   python3 - "$OUT/step_$tag.json" <<'PY'
 import json, sys

@@ -11,7 +11,7 @@ entries, so the same for every arm of one model); the first arm's is the baselin
 ``--activation softmax,sigmoid`` ablates ``model.tri_attn_activation`` instead, at one crop (the first of
 ``--crops``): rows with ``impl`` "activation" and one untrained row per activation.
 
-    python -m mini_of3.ablate crops configs/crop384.yaml --crops 256,384,512,768 --minutes 20
+    python -m mini_of3.ablate crops configs/crop768.yaml --crops 256,384,512,768 --minutes 20
     python -m mini_of3.ablate crops configs/crop384.yaml --crops 384 --activation softmax,sigmoid --minutes 20
 
 Each arm trains in its own folder, ``<ablation folder>/crop<N>`` (or ``activation_<name>``); the ablation folder is

@@ -8,8 +8,8 @@ alike; each row reports the median step time and the spread over rounds, peak me
 state, the first step's loss (the same weights and noise for every arm: it must agree within bf16 rounding), and
 where one profiled step spent its GPU time (:func:`breakdown`).
 
-    python -m mini_of3.bench step configs/crop384.yaml --crops 256,768 --arms mini_of3+cueq,cueq+cueq
-    python -m mini_of3.bench step configs/crop384.yaml --tag compiled trainer.compile=true   (blocks compiled)
+    python -m mini_of3.bench step configs/crop768.yaml --crops 640,768 --arms mini_of3+cueq,cueq+cueq
+    python -m mini_of3.bench step --crops 256,512 --arms mini_of3+cueq:reduce-overhead model.checkpointing=false
     python -m mini_of3.bench step --arms mini_of3+mini_of3,mini_of3+mini_of3:reduce-overhead   (a compile mode per arm)
 """
 from __future__ import annotations
@@ -34,7 +34,9 @@ from mini_of3.model.tri_attn_backends import TRI_ATTN_BACKENDS
 from mini_of3.model.tri_mul_backends import TRI_MUL_BACKENDS
 from mini_of3.training.optim import build_optimizer
 
-DEFAULT_CONFIG = "configs/crop384.yaml"
+DEFAULT_CONFIG = "configs/crop768.yaml"   # the crop configs' model; checkpointing and the default compile mode
+                                         # at every crop (crop256-512.yaml turn both off for CUDA graphs: an arm's
+                                         # ":reduce-overhead" with model.checkpointing=false)
 DEFAULT_ARMS = "mini_of3+mini_of3,mini_of3+cueq,cueq+cueq,trifast+cueq,of3_triton+cueq,cueq+mini_of3,mini_of3+torch"
 COMPILE_MODES = ("default", "reduce-overhead")      # an arm's optional ``:mode`` (trainer.compile_mode)
 SLOW_STEP_S = 10.0        # an arm whose warm-up step takes longer is not timed at this crop or any larger one
