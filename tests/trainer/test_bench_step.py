@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 from mini_of3.bench import step
 from mini_of3.config import ModelConfig, load_config
@@ -95,3 +96,32 @@ def test_gpu_idle_time_goes_to_the_phase_that_launched_the_work_after_each_gap()
     assert step.gpu_idle_by_phase([(5 * ms, 6 * ms, 300 * ms), (9 * ms, 10 * ms, 300 * ms)], []) == {"-": 3.0}
     assert step.launches_by_phase(kernels, phases) == {"bench::forward": 2, "bench::plddt_rollout": 2,
                                                        "bench::backward": 1, "-": 1}
+
+
+class _FakeArm:
+    """An arm whose step returns a fixed loss, or raises (an anchor that fails at this crop)."""
+
+    def __init__(self, name: str, fails: bool = False) -> None:
+        self.name, self.fails, self.slow_from, self.steps = name, fails, None, 0
+        self.device = torch.device("cpu")
+        self.optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+
+    def step(self, batch) -> float:
+        self.steps += 1
+        if self.fails:
+            raise RuntimeError("unsupported shape")
+        return 1.5
+
+    def release(self) -> None:
+        pass
+
+
+def test_an_arm_that_fails_is_dropped_and_the_others_are_timed_after_an_interleaved_warm_up():
+    arms = [_FakeArm("a"), _FakeArm("b", fails=True), _FakeArm("c")]
+    batch = {"token_mask": torch.ones(1, 8, dtype=torch.bool)}
+    rows = {r["impl"]: r for r in step.bench_crop(arms, batch, crop=8, rounds=3, warmup=2, profile=False)}
+    assert rows["b"]["skipped"].startswith("RuntimeError") and "step_s" not in rows["b"] and arms[1].slow_from == 8
+    assert arms[1].steps == 1                      # dropped at its first warm-up step, not tried again
+    for name in "ac":
+        assert rows[name]["loss0"] == 1.5 and len(rows[name]["step_rounds_s"]) == 3
+    assert arms[0].steps == arms[2].steps == 2 + 3
