@@ -79,6 +79,8 @@ def test_shipped_configs_load_and_round_trip(name, tmp_path):
     if name.startswith("crop"):
         assert cfg.data.crop_size == int(name[4:]) and cfg.trainer.mixed_precision == "bf16"
         assert cfg.data.root != "data/mmcif" or cfg.data.val_ids
+    if cfg.trainer.compile_mode == "reduce-overhead":   # CUDA graphs: one shape, and no activation checkpointing
+        assert cfg.data.pad_to_crop and not cfg.model.checkpointing and cfg.trainer.compile
     if name == "of3_trunk":
         m = cfg.model
         assert (m.n_blocks, m.c_s, m.c_z, m.n_heads_tri, m.c_hidden_tri) == (48, 384, 128, 4, 32)
