@@ -190,6 +190,8 @@ class Trainer:
                 self.acc.backward(compute_losses(outputs, example, self.cfg.loss)[0])
             self.optimizer.zero_grad(set_to_none=True)
             self.say("trainer.compile: the Pairformer and diffusion blocks and the sampler step are compiled")
+        except torch.OutOfMemoryError as err:             # not a compiler failure: eager would run out as well
+            raise self._out_of_memory(err) from None
         except Exception as err:                             # noqa: BLE001 - any compiler failure means eager
             self.optimizer.zero_grad(set_to_none=True)
             uncompile_blocks(self.plain)
@@ -198,6 +200,20 @@ class Trainer:
             warnings.warn(f"trainer.compile=true: torch.compile failed ({type(err).__name__}: {first}); "
                           f"training without compiling")
         return model
+
+    def _out_of_memory(self, err: torch.OutOfMemoryError) -> TrainingError:
+        """The error that ends a run that ran out of device memory, with the settings that decide the memory."""
+        m, t = self.cfg.model, self.cfg.trainer
+        if m.checkpointing:
+            advice = "a smaller data.crop_size"
+        else:
+            advice = "model.checkpointing=true (blocks recomputed in the backward; with it trainer.compile_mode " \
+                     "reduce-overhead compiles in the default mode), or a smaller data.crop_size"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return TrainingError(f"out of device memory at step {self.step + 1} (data.crop_size={self.cfg.data.crop_size}, "
+                             f"model.checkpointing={str(m.checkpointing).lower()}, trainer.compile_mode="
+                             f"{t.compile_mode if t.compile else 'off'}): try {advice}; checkpoints so far are in "
+                             f"{self.out / 'checkpoints'} ({first[:200]})")
 
     def _load(self, folder: Path) -> None:
         """Restore the training state of a checkpoint, and the step and data position to continue from."""
@@ -238,6 +254,8 @@ class Trainer:
             try:
                 self.watchdog.start()
                 self._loop(bar)
+            except torch.OutOfMemoryError as err:
+                raise self._out_of_memory(err) from None
             finally:
                 bar.close()
                 self.watchdog.stop()

@@ -140,6 +140,34 @@ def test_non_finite_losses_are_skipped_counted_and_stop_the_run(small_data, tmp_
     assert [c.step for c in list_checkpoints(out)] == [3]
 
 
+def test_running_out_of_device_memory_ends_the_run_with_the_settings_that_decide_it(small_data, tmp_path,
+                                                                                     monkeypatch):
+    real, calls = trainer_module.compute_losses, {"n": 0}
+
+    def runs_out(outputs, batch, cfg):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (simulated)")
+        return real(outputs, batch, cfg)
+
+    monkeypatch.setattr(trainer_module, "compute_losses", runs_out)
+    out = tmp_path / "oom"
+    with pytest.raises(TrainingError, match=r"out of device memory at step 4 \(data.crop_size=32, "
+                                            r"model.checkpointing=false, trainer.compile_mode=off\): try "
+                                            r"model.checkpointing=true .*; checkpoints so far are in .*checkpoints "
+                                            r"\(CUDA out of memory. Tried to allocate 20.00 GiB \(simulated\)\)"):
+        train(tiny_config(small_data, out))
+    assert [c.step for c in list_checkpoints(out)] == [3]       # what was saved before stays
+
+    class RunsOut(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: RunsOut())
+    with pytest.raises(TrainingError, match=r"out of device memory at step 1 .*trainer.compile_mode=default"):
+        train(tiny_config(small_data, tmp_path / "oom_compiled", trainer__compile=True))
+
+
 def test_compile_failure_falls_back_to_eager_with_a_warning(small_data, tmp_path, monkeypatch):
     class Broken(torch.nn.Module):
         def __init__(self, model):
