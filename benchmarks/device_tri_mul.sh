@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One device call for the fused triangle multiplication (issue 16): its tests on CUDA, the op alone beside the eager,
-# compiled and cuEquivariance versions, and the Pairformer block at N = 768.
+# One device call for issue 16: the tests of the triangle multiplication and the transition on CUDA, the triangle
+# multiplication alone beside the compiled and cuEquivariance versions, and the Pairformer block at N = 768 as the
+# trainer runs it (compiled) and eager.
 #   MINI_OF3_COMMIT=<hash> bash benchmarks/device_tri_mul.sh [TAG] [NS] [STEPS]
 # STEPS: any of tests, bench, block (default all three). Carry .whl (the anchors, ../shared/tools/anchor_wheels.sh)
 # for the cueq rows; without it they are reported as skipped. Limits (seconds, the call has 600): tests 150
@@ -14,20 +15,21 @@ tag=${1:-dev}; ns=${2:-256,384,512,640,768}; steps=${3:-tests,bench,block}
 source benchmarks/device_env.sh
 if [[ $steps == *tests* ]]; then   # the kernel tests at the GPU sizes (N = 97, 256) and the model-level ones
   MINI_OF3_AUTOTUNE=0 timeout ${MINI_OF3_TESTS_LIMIT:-150} python3 -m pytest -q --tb=short -p no:cacheprovider \
-    tests/kernels/test_triangle_multiplication.py tests/model/test_backends.py -k "tri_mul or multiplication" \
-    > "$OUT/tests.log" 2>&1
+    tests/kernels/test_triangle_multiplication.py tests/kernels/test_transition.py tests/model/test_backends.py \
+    -k "tri_mul or multiplication or transition" > "$OUT/tests.log" 2>&1
 fi
 if [[ $steps == *bench* ]]; then
   timeout ${MINI_OF3_BENCH_LIMIT:-300} python3 -m mini_of3.bench trimul --ns "$ns" \
-    --impls "${MINI_OF3_IMPLS:-torch,torch_compile,cueq,mini_of3}" --check-ns 256 --out "$OUT" --tag "$tag" \
+    --impls "${MINI_OF3_IMPLS:-torch_compile,cueq,mini_of3}" --check-ns 768 --out "$OUT" --tag "$tag" \
     > "$OUT/bench.log" 2>&1
 fi
 if [[ $steps == *block* ]]; then
   left=$(( ${MINI_OF3_TOTAL_LIMIT:-540} - SECONDS )); if (( left > 20 )); then
-    timeout $left python3 -m mini_of3.bench block configs/crop384.yaml --ns 768 --impls torch,mini_of3,cueq \
+    timeout $left python3 -m mini_of3.bench block configs/crop384.yaml --ns 768 \
+      --impls "${MINI_OF3_BLOCK_IMPLS:-mini_of3_compile,cueq_compile,mini_of3}" \
       --reps 5 --rounds 2 --out "$OUT" --tag "trimul_$tag" > "$OUT/block.log" 2>&1
   else echo "block: no time left ($SECONDS s used)" > "$OUT/block.log"; fi
 fi
 echo "== tests";  tail -6 "$OUT/tests.log" 2>/dev/null
-echo "== block (N = 768)"; grep -v 'Warning\|warn' "$OUT/block.log" 2>/dev/null | grep -E "impl|tri_mul|block|Error|error" | tail -12
+echo "== block (N = 768)"; grep -v 'Warning\|warn' "$OUT/block.log" 2>/dev/null | grep -E "impl|block|Error|error" | tail -8
 echo "== trimul ($SECONDS s in all)"; grep -v 'Warning\|warn' "$OUT/bench.log" 2>/dev/null | tail -48
