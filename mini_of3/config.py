@@ -76,6 +76,8 @@ class ModelConfig:
     tri_attn_fused_gate: bool = True          # our backends apply the gate inside the kernels (false: in PyTorch)
     pair_transition_backend: Literal["auto", "mini_of3", "torch"] = "auto"   # auto = our kernel on CUDA
     checkpointing: bool = True               # activation checkpointing per Pairformer block
+    checkpoint_blocks: int | None = None     # with checkpointing: the first k Pairformer blocks recompute their
+                                             # activations in the backward, the others keep them (null: all)
     distogram_bins: int = 64
     distogram_min: float = 2.0
     distogram_max: float = 22.0

@@ -33,7 +33,8 @@ class MiniOF3(nn.Module):
         self.layer_norm_s_cycle = LayerNorm(cfg.c_s)
         self.linear_s_cycle = nn.Linear(cfg.c_s, cfg.c_s, bias=False)
         self.pairformer = PairformerStack(
-            n_blocks=cfg.n_blocks, checkpointing=cfg.checkpointing, c_s=cfg.c_s, c_z=cfg.c_z,
+            n_blocks=cfg.n_blocks, checkpointing=cfg.checkpointing, checkpoint_blocks=cfg.checkpoint_blocks,
+            c_s=cfg.c_s, c_z=cfg.c_z,
             n_heads_tri=cfg.n_heads_tri, c_hidden_tri=cfg.c_hidden_tri, n_heads_single=cfg.n_heads_single,
             c_hidden_mul=cfg.c_hidden_mul, transition_factor=cfg.transition_factor, pair_dropout=cfg.pair_dropout,
             tri_attn_backend=cfg.tri_attn_backend, tri_mul_backend=cfg.tri_mul_backend,
@@ -151,6 +152,8 @@ def build_model(cfg: ModelConfig) -> MiniOF3:
         (cfg.c_token % cfg.diffusion_heads == 0, f"model.c_token={cfg.c_token} must be a multiple of "
                                                   f"model.diffusion_heads={cfg.diffusion_heads}"),
         (cfg.diffusion_samples >= 1, f"model.diffusion_samples must be >= 1, got {cfg.diffusion_samples}"),
+        (cfg.checkpoint_blocks is None or 0 <= cfg.checkpoint_blocks <= cfg.n_blocks,
+         f"model.checkpoint_blocks must be null or 0..model.n_blocks={cfg.n_blocks}, got {cfg.checkpoint_blocks}"),
         (cfg.plddt_rollout_steps >= 1, f"model.plddt_rollout_steps must be >= 1, got {cfg.plddt_rollout_steps}"),
         (cfg.distogram_bins >= 2 and cfg.distogram_max > cfg.distogram_min,
          f"model.distogram_bins >= 2 and distogram_max > distogram_min needed, got {cfg.distogram_bins} bins on "

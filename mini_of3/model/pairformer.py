@@ -75,25 +75,30 @@ class PairformerBlock(nn.Module):
 
 
 class PairformerStack(nn.Module):
-    """n_blocks Pairformer blocks (AF3 SI Alg 17), each optionally under activation checkpointing.
+    """n_blocks Pairformer blocks (AF3 SI Alg 17), all or the first few under activation checkpointing.
 
     Parameters
     ----------
     n_blocks : number of blocks
-    checkpointing : recompute each block's activations in the backward pass (training with gradients only)
+    checkpointing : recompute blocks' activations in the backward pass (training with gradients only)
+    checkpoint_blocks : with checkpointing, how many blocks recompute (the first ones; None: all). The others keep
+        their activations: less recomputation for more memory. The first ones, because the backward reaches them
+        last, when the kept activations of the later blocks are already freed.
     **block_kwargs : the PairformerBlock arguments
     """
 
-    def __init__(self, *, n_blocks: int, checkpointing: bool = False, **block_kwargs) -> None:
+    def __init__(self, *, n_blocks: int, checkpointing: bool = False, checkpoint_blocks: int | None = None,
+                 **block_kwargs) -> None:
         super().__init__()
-        self.checkpointing = checkpointing
+        self.checkpointed = (n_blocks if checkpoint_blocks is None else checkpoint_blocks) if checkpointing else 0
+        self.checkpointing = self.checkpointed > 0
         self.blocks = nn.ModuleList(PairformerBlock(**block_kwargs) for _ in range(n_blocks))
         self.run_block = run_block          # compiled by mini_of3.model.compiled.compile_blocks
 
     def forward(self, s: torch.Tensor, z: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """s: [B, N, c_s], z: [B, N, N, c_z], mask: [B, N] bool -> (s, z)."""
-        for block in self.blocks:
-            if self.checkpointing and torch.is_grad_enabled():
+        for index, block in enumerate(self.blocks):
+            if index < self.checkpointed and torch.is_grad_enabled():
                 s, z = checkpoint(self.run_block, block, s, z, mask, use_reentrant=False)
             else:
                 s, z = self.run_block(block, s, z, mask)

@@ -61,21 +61,37 @@ def test_recycling_runs_n_gradient_free_cycles_then_one_with_gradients():
         model.trunk(batch, n_recycles=-1)
 
 
-def test_activation_checkpointing_changes_nothing_but_memory():
+def test_activation_checkpointing_changes_nothing_but_memory(monkeypatch):
+    """All blocks, the first of two, or none recomputed: the same loss and gradients as without checkpointing."""
+    import mini_of3.model.pairformer as pairformer
+    recomputed, real = [], pairformer.checkpoint
+
+    def counted(fn, block, *args, **kwargs):
+        recomputed.append(block)
+        return real(fn, block, *args, **kwargs)
+    monkeypatch.setattr(pairformer, "checkpoint", counted)
     batch = batch_with_padding()
     grads = []
-    for checkpointing in (False, True):
+    settings = [dict(checkpointing=False), dict(checkpointing=True), dict(checkpointing=True, checkpoint_blocks=1),
+                dict(checkpointing=True, checkpoint_blocks=0)]
+    for setting in settings:
         torch.manual_seed(0)
-        model = build_model(tiny_config(checkpointing=checkpointing, pair_dropout=0.25, n_blocks=2))
+        model = build_model(tiny_config(pair_dropout=0.25, n_blocks=2, **setting))
         perturb_zero_parameters(model)                                 # dropout acts on non-zero updates
-        torch.manual_seed(1)                                           # the same dropout masks in both runs
+        torch.manual_seed(1)                                           # the same dropout masks in every run
+        recomputed.clear()
         out = model(batch, n_recycles=0, generator=torch.Generator().manual_seed(0))
         loss, _ = compute_losses(out, batch, LossConfig())
         loss.backward()
+        blocks = list(model.pairformer.blocks)
+        assert [blocks.index(b) for b in recomputed] == {0: [], 1: [0, 1], 2: [0], 3: []}[len(grads)]
         grads.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    torch.testing.assert_close(grads[1][0], grads[0][0])
-    for name, g in grads[0][1].items():
-        torch.testing.assert_close(grads[1][1][name], g, msg=name)
+    for loss, named in grads[1:]:
+        torch.testing.assert_close(loss, grads[0][0])
+        for name, g in grads[0][1].items():
+            torch.testing.assert_close(named[name], g, msg=name)
+    with pytest.raises(ValueError, match="model.checkpoint_blocks must be null or 0..model.n_blocks=2, got 3"):
+        build_model(tiny_config(n_blocks=2, checkpointing=True, checkpoint_blocks=3))
 
 
 def test_generator_makes_forward_and_sample_reproducible():
