@@ -11,9 +11,9 @@ import argparse
 import cProfile
 import io
 import pstats
-import time
 
 import torch
+from host_time_gpu import host_ms
 
 from mini_of3.bench.trimul import load_impl, make_inputs, make_weights
 
@@ -37,12 +37,8 @@ def main() -> None:
         torch.autograd.grad(out, leaves, dout)
     for _ in range(10):
         fwdbwd()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(args.calls):
-        fwdbwd()
-    torch.cuda.synchronize()
-    print(f"{args.impl} N={args.n}: {(time.perf_counter() - start) / args.calls * 1e3:.3f} ms per fwd+bwd, back to back")
+    per_call = host_ms(lambda r: fwdbwd(), reps=args.calls)
+    print(f"{args.impl} N={args.n}: {per_call:.3f} ms per fwd+bwd, back to back (median of 5 batches)")
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(args.calls):

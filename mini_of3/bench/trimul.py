@@ -135,7 +135,7 @@ def bench_shape(impls: dict[str, Callable], n: int, direction: str, args, device
             try:
                 for key, fn in zip(("fwd_ms", "fwdbwd_ms"), work[name]):
                     times[name][key].append(median_ms(fn, device, args.reps))
-                times[name]["fwdbwd_stream_ms"].append(median_ms(work[name][2], device, 1, warmup=0) / STREAM_CALLS)
+                times[name]["fwdbwd_stream_ms"].append(elapsed_ms(lambda: work[name][2](r), device) / STREAM_CALLS)
             except Exception as err:   # an implementation that fails is reported, not fatal
                 rows[name]["error"] = f"{type(err).__name__}: {str(err)[:300]}"
                 traceback.print_exc(limit=3)

@@ -91,9 +91,13 @@ class PairformerStack(nn.Module):
                  **block_kwargs) -> None:
         super().__init__()
         self.checkpointed = (n_blocks if checkpoint_blocks is None else checkpoint_blocks) if checkpointing else 0
-        self.checkpointing = self.checkpointed > 0
         self.blocks = nn.ModuleList(PairformerBlock(**block_kwargs) for _ in range(n_blocks))
         self.run_block = run_block          # compiled by mini_of3.model.compiled.compile_blocks
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether any block recomputes in the backward (compile_blocks asks: CUDA graphs cannot replay those)."""
+        return self.checkpointed > 0
 
     def forward(self, s: torch.Tensor, z: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """s: [B, N, c_s], z: [B, N, N, c_z], mask: [B, N] bool -> (s, z)."""
