@@ -74,6 +74,27 @@ def elapsed_ms(fn: Callable[[], object], device: torch.device) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def graph_replay_ms(fn: Callable[[], object], *, reps: int = 10, warmup: int = 3) -> float:
+    """Median milliseconds of one replay of ``fn`` recorded as a CUDA graph (CUDA only): the GPU time of the work
+    without the host's launches, as a model compiled with ``mode="reduce-overhead"`` runs it (the crop 256-512
+    configs). ``fn`` is warmed up on a side stream first (cuBLAS workspaces, lazy initialisation), then recorded once;
+    what it allocates while recording stays in the graph's private pool until the graph is freed on return."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    times = sorted(elapsed_ms(graph.replay, torch.device("cuda")) for _ in range(reps))
+    del graph
+    torch.cuda.empty_cache()
+    return times[len(times) // 2]
+
+
 def peak_mib(fn: Callable[[], object]) -> float:
     """Peak device memory (MiB) that ``fn`` allocates above what was allocated before it. The allocator's cache is
     emptied first: a cached free block that a request fits with up to 1 MiB to spare is handed out whole and counted

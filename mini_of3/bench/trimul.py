@@ -15,8 +15,11 @@ Rows (``"bench": "tri_mul"``): ``impl``, ``layer`` (``tri_mul_out`` outgoing, ``
 benchmark names them), ``direction``, ``N``, ``B``, ``C``, ``h``, ``dtype`` ("bf16": the autocast dtype),
 ``fwd_ms``, ``fwdbwd_ms`` and their ``*_spread_ms``, ``fwdbwd_stream_ms`` (forward+backward per call over
 ``STREAM_CALLS`` calls back to back, one synchronisation: as a training loop issues them, so that a call's host time
-overlaps the previous call's kernels; ``fwdbwd_ms`` times each call alone, host and device in series), ``peak_mib``, and where checked ``err`` {out, dz, <weight name>:
-...}, ``bitwise``, ``bitwise_each``. On a CPU the times are wall-clock (tests) and ``peak_mib`` is null.
+overlaps the previous call's kernels; ``fwdbwd_ms`` times each call alone, host and device in series),
+``fwdbwd_graph_ms`` (forward+backward recorded once as a CUDA graph and replayed, median of the replays: the GPU time
+alone, as the crop 256-512 configs train in ``reduce-overhead`` mode; null on a CPU, or with ``graph_error`` where an
+implementation cannot be recorded), ``peak_mib``, and where checked ``err`` {out, dz, <weight name>: ...},
+``bitwise``, ``bitwise_each``. On a CPU the times are wall-clock (tests) and ``peak_mib`` is null.
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from mini_of3.bench.common import elapsed_ms, package_versions, peak_mib, print_table, result_header, write_json
+from mini_of3.bench.common import (elapsed_ms, graph_replay_ms, package_versions, peak_mib, print_table,
+                                   result_header, write_json)
 from mini_of3.kernels import triangle_multiplication, triangle_multiplication_reference
 from mini_of3.model.tri_mul_backends import tri_mul_backend, triangle_multiplication_torch
 
@@ -149,6 +153,12 @@ def bench_shape(impls: dict[str, Callable], n: int, direction: str, args, device
             row[key] = values[len(values) // 2]
             row[key.replace("_ms", "_spread_ms")] = [values[0], values[-1]]
         row["peak_mib"] = peak_mib(lambda: work[name][1](0)) if device.type == "cuda" else None
+        row["fwdbwd_graph_ms"] = None
+        if device.type == "cuda":
+            try:
+                row["fwdbwd_graph_ms"] = graph_replay_ms(lambda: work[name][1](0), reps=args.reps)
+            except Exception as err:   # e.g. an implementation that synchronises with the host
+                row["graph_error"] = f"{type(err).__name__}: {str(err)[:300]}"
         if check:
             first = grads(fn, *sets[0][:2], weights, sets[0][2], direction, device)
             row["err"] = {k: ((v.double() - reference[k]).norm() / reference[k].norm()).item()
@@ -251,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     print_table([r for r in result["rows"] if "fwd_ms" in r],
                 [("impl", "impl", "s"), ("layer", "layer", "s"), ("N", "N", "d"), ("fwd_ms", "fwd ms", ".3f"),
                  ("fwdbwd_ms", "fwd+bwd ms", ".3f"), ("fwdbwd_stream_ms", "back to back", ".3f"),
-                 ("peak_mib", "peak MiB", ".0f")])
+                 ("fwdbwd_graph_ms", "CUDA graph", ".3f"), ("peak_mib", "peak MiB", ".0f")])
     print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
 
 

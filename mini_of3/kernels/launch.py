@@ -70,6 +70,20 @@ class TileOverride:
     def apply(self, tiles):
         return replace(tiles, **self.fields)
 
+    def cached(self, tiles_of):
+        """``tiles_of(*shape)`` (the tiles of a call, built from the defaults and ``apply``) memoised per shape,
+        interpreter on or off, and the override in force: a call then looks its tiles up instead of building two
+        dataclasses (~12 µs of host time per call on a 2-core CPU)."""
+        cache = {}
+
+        @functools.wraps(tiles_of)
+        def lookup(*shape):
+            key = (shape, interpreting(), tuple(sorted(self.fields.items())))
+            if key not in cache:
+                cache[key] = tiles_of(*shape)
+            return cache[key]
+        return lookup
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # tiles and algorithm choices

@@ -110,6 +110,7 @@ transition_tiles = TileOverride("transition_tiles", TransitionTiles)
 """``with transition_tiles(fwd_m=128, ...)``: these tiles (any TransitionTiles field) instead of the defaults."""
 
 
+@transition_tiles.cached
 def _tiles(C: int, hidden: int) -> TransitionTiles:
     """The tiles of one call: small under the interpreter; else the defaults, or for C > 128 (a [rows, C] float32
     accumulator per program) 32 rows and 32-channel chunks, which keep both kernels within the registers and shared

@@ -131,6 +131,7 @@ tri_mul_tiles = TileOverride("tri_mul_tiles", TriMulTiles)
 """``with tri_mul_tiles(proj_fwd_m=128, ...)``: these tiles (any TriMulTiles field) instead of the defaults."""
 
 
+@tri_mul_tiles.cached
 def _tiles(C: int, hidden: int) -> TriMulTiles:
     """The tiles of one call: small under the interpreter, so that the tests' small N span several tiles and chunks;
     else the fixed defaults (fewer pairs per output program for a wide hidden dim, whose [pairs, h] tile is held

@@ -142,6 +142,38 @@ def test_bitwise_repeat(direction):
         assert torch.equal(runs[0][name], runs[1][name]), f"{name} differs between runs"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graph_replay_gives_the_eager_bits():
+    """Forward + backward recorded as one CUDA graph (as the reduce-overhead configs train, and as bench trimul's
+    fwdbwd_graph_ms times it): replayed on new inputs copied into the recorded ones, it gives the eager call's bits
+    on those inputs (no host-side state baked in)."""
+    z, pair, weights, dout = make_inputs(1, 97, 128, 128, mask="bool", seed=1)
+    z2, pair2, _, dout2 = make_inputs(1, 97, 128, 128, mask="bool", seed=2)
+    zl = z.clone().requires_grad_(True)
+    leaves = {k: v.clone().requires_grad_(True) for k, v in weights.items()}
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = triangle_multiplication(zl, pair, direction="incoming", backend="triton", **leaves)
+        return out, torch.autograd.grad(out, [zl, *leaves.values()], dout.to(out.dtype))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, grads = step()
+    with torch.no_grad():
+        zl.copy_(z2), pair.copy_(pair2), dout.copy_(dout2)
+    graph.replay()
+    expected = run(triangle_multiplication, z2, pair2, weights, dout2, autocast=torch.bfloat16,
+                   direction="incoming", backend="triton")
+    for name, got in zip(NAMES, (out, *grads)):
+        assert torch.equal(got, expected[name]), name
+
+
 @pytest.mark.parametrize("direction", ["outgoing", "incoming"])
 def test_contractions_take_views_not_copies(monkeypatch, direction):
     """Every cuBLAS product of the forward and backward gets its operands as contiguous tensors or transposed views
