@@ -22,10 +22,7 @@ import torch
 import triton
 
 from mini_of3.kernels import tri_attn_kernels as K
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from mini_of3.kernels.launcher import interpreting, launch
 
 
 def eager_function(name: str, forward, setup_context, autograd_backward, backward) -> type:
@@ -274,7 +271,7 @@ def _launch(name: str, kernel, configs: list[triton.Config], fixed: triton.Confi
             _chosen[key] = tuned.best_config
             return
     launch_grid = grid(config.kwargs) if callable(grid) else grid
-    kernel[launch_grid](*args, j_bucket, **constexprs, **config.all_kwargs())
+    launch(kernel, launch_grid, *args, j_bucket, **constexprs, **config.all_kwargs())
 
 
 def autotuned_configs() -> dict[str, dict[str, str]]:
@@ -395,7 +392,7 @@ def backward(do, q, k, v, bias, key_bias, o, lse, sigmoid: bool, scale: float, s
         do_attn = _new(o.shape, o.dtype, device)
         delta0 = _new((B, H, I, J), torch.float32, device) if not sigmoid else delta
         block_j = 32 if interpreting() else 64
-        K._gate_bwd[(B * I * H * triton.cdiv(J, block_j),)](
+        launch(K._gate_bwd, (B * I * H * triton.cdiv(J, block_j),),
             do, o, gate, grads[3], do_attn, delta0, *do.stride(), *o.stride(), *gate.stride(), *grads[3].stride(),
             I, J, H, SIGMOID=sigmoid, BLOCK_J=block_j, BLOCK_D=D, num_warps=4)
     dq_args = (q, k, v, bias, kb_arg, do_attn, o, lse, delta, dq, delta0,
@@ -453,5 +450,5 @@ def _dbias(common: tuple, strides: tuple, flags: dict, q: torch.Tensor, bias: to
             dict(flags, BLOCK_J=block_j, BLOCK_K=block_k))
     if chunks > 1:
         n = dbias.numel()
-        K._sum_chunks[(triton.cdiv(n, 1024),)](part, dbias, chunks, n, BLOCK=1024, num_warps=4)
+        launch(K._sum_chunks, (triton.cdiv(n, 1024),), part, dbias, chunks, n, BLOCK=1024, num_warps=4)
     return dbias

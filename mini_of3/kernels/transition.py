@@ -23,7 +23,8 @@ import torch
 import triton
 
 from mini_of3.kernels import transition_kernels as K
-from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, eager_function, interpreting, stacked
+from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, eager_function, stacked
+from mini_of3.kernels.launcher import interpreting, launch
 from mini_of3.kernels.reference import transition_reference
 from mini_of3.kernels.triangle_multiplication import _weight_grad
 
@@ -140,7 +141,8 @@ def forward(x, ln_w, ln_b, w_a, w_b, w_o, eps: float, compute_dtype: torch.dtype
     w_ab, wo = stacked((w_a, w_b), cdt), stacked((w_o,), cdt)
     out = _new((M, C), out_dtype, dev)
     stats = _new((2, M) if store_stats else (2, 0), torch.float32, dev)
-    K._transition_fwd[(triton.cdiv(M, tiles.fwd_m),)](
+    launch(
+        K._transition_fwd, (triton.cdiv(M, tiles.fwd_m),),
         rows, ln_w.float().contiguous(), ln_b.float().contiguous(), w_ab[:hid], w_ab[hid:], wo, out,
         stats[0] if store_stats else out, stats[1] if store_stats else out, M, eps,
         C=C, HID=hid, STORE_STATS=store_stats, DOT_PREC=_dot_precision(cdt), BLOCK_M=tiles.fwd_m,
@@ -164,7 +166,8 @@ def backward(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, w_ab, wo, compute_dtype:
     grid = (triton.cdiv(M, tiles.bwd_m),)
     block_c = triton.next_power_of_2(C)
     part = _new((grid[0], 2, block_c), torch.float32, dev)
-    K._transition_bwd[grid](
+    launch(
+        K._transition_bwd, grid,
         rows, dout_rows, ln_w.float().contiguous(), ln_b.float().contiguous(), w_ab[:hid], w_ab[hid:], wo, stats[0],
         stats[1], dx,
         hidden, dab, xn, part, M, C=C, HID=hid, DOT_PREC=_dot_precision(cdt), BLOCK_M=tiles.bwd_m,

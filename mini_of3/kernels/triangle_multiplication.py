@@ -30,7 +30,8 @@ import torch
 import triton
 
 from mini_of3.kernels import tri_mul_kernels as K
-from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, eager_function, interpreting, stacked
+from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, eager_function, stacked
+from mini_of3.kernels.launcher import interpreting, launch
 from mini_of3.kernels.reference import triangle_multiplication_reference
 
 BACKENDS = ("auto", "triton", "torch")
@@ -169,9 +170,10 @@ def forward(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_
     gpre = _new((B, N, N, C), cdt, dev)
     stats_in = _new((2, B, NN), torch.float32, dev)
     m_arg, m_strides = (mask, mask.stride()) if mask is not None else (z, (0, 0, 0))
-    K._tri_mul_proj_fwd[(triton.cdiv(NN, tiles.proj_fwd_m), B)](
-        z, m_arg, ln_in_w.float().contiguous(), ln_in_b.float().contiguous(), w_p, w_g, w_go, ab, gpre,
-        stats_in[0], stats_in[1], *z.stride(), *m_strides, N, NN, B * h * NN, eps,
+    launch(
+        K._tri_mul_proj_fwd, (triton.cdiv(NN, tiles.proj_fwd_m), B),
+        z, m_arg, ln_in_w.float().contiguous(), ln_in_b.float().contiguous(), w_p, w_g, w_go, ab, gpre, stats_in[0],
+        stats_in[1], *z.stride(), *m_strides, N, NN, B * h * NN, eps,
         C=C, H=h, HAS_MASK=mask is not None, DOT_PREC=_dot_precision(cdt), BLOCK_M=tiles.proj_fwd_m,
         BLOCK_C=_pow2(C), BLOCK_HC=tiles.proj_fwd_hc, num_warps=tiles.proj_fwd_warps,
         num_stages=tiles.proj_fwd_stages)
@@ -179,7 +181,8 @@ def forward(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_
     t = torch.matmul(a, b.mT) if outgoing else torch.matmul(a.mT, b)     # [B * h, N(i), N(j)]
     out = _new((B, N, N, C), out_dtype, dev)
     stats_out = _new((2, B, NN), torch.float32, dev)
-    K._tri_mul_out_fwd[(triton.cdiv(NN, tiles.out_fwd_p), B)](
+    launch(
+        K._tri_mul_out_fwd, (triton.cdiv(NN, tiles.out_fwd_p), B),
         t, ln_out_w.float().contiguous(), ln_out_b.float().contiguous(), w_po, gpre, out, stats_out[0], stats_out[1],
         NN, eps, C=C, H=h, DOT_PREC=_dot_precision(cdt), BLOCK_P=tiles.out_fwd_p, BLOCK_C=_pow2(C),
         BLOCK_H=_pow2(h), num_warps=tiles.out_fwd_warps)
@@ -217,7 +220,8 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
     dpg = _new((B, 4 * h + C, NN), cdt, dev)
     grid_p = (triton.cdiv(NN, tiles.out_bwd_p), B)
     part_out = _new((grid_p[0] * B, 2, _pow2(h)), torch.float32, dev)
-    K._tri_mul_out_bwd[grid_p](
+    launch(
+        K._tri_mul_out_bwd, grid_p,
         t, ln_out_w.float().contiguous(), ln_out_b.float().contiguous(), w_po, gpre, dout, stats_out[0], stats_out[1],
         dt, ta, dy, dpg, part_out, *dout.stride(), N, NN, C=C, H=h, DOT_PREC=prec, BLOCK_P=tiles.out_bwd_p,
         BLOCK_C=_pow2(C), BLOCK_H=_pow2(h), num_warps=tiles.out_bwd_warps)
@@ -242,9 +246,10 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
     grid_m = (triton.cdiv(NN, tiles.proj_bwd_m), B)
     part_in = _new((grid_m[0] * B, 2, _pow2(C)), torch.float32, dev)
     m_arg, m_strides = (mask, mask.stride()) if mask is not None else (z, (0, 0, 0))
-    K._tri_mul_proj_bwd[grid_m](
-        z, m_arg, ln_in_w.float().contiguous(), ln_in_b.float().contiguous(), w_p, w_g, w_go, dab,
-        stats_in[0], stats_in[1], dz, dpg, x, part_in, *z.stride(), *m_strides, N, NN, B * h * NN,
+    launch(
+        K._tri_mul_proj_bwd, grid_m,
+        z, m_arg, ln_in_w.float().contiguous(), ln_in_b.float().contiguous(), w_p, w_g, w_go, dab, stats_in[0],
+        stats_in[1], dz, dpg, x, part_in, *z.stride(), *m_strides, N, NN, B * h * NN,
         C=C, H=h, HAS_MASK=mask is not None, DOT_PREC=prec, BLOCK_M=tiles.proj_bwd_m, BLOCK_C=_pow2(C),
         BLOCK_HC=tiles.proj_bwd_hc, num_warps=tiles.proj_bwd_warps, num_stages=tiles.proj_bwd_stages)
     d_ln_in = part_in.sum(0)                                                     # [2, pow2(C)]
