@@ -39,7 +39,7 @@ class MiniOF3(nn.Module):
             c_hidden_mul=cfg.c_hidden_mul, transition_factor=cfg.transition_factor, pair_dropout=cfg.pair_dropout,
             tri_attn_backend=cfg.tri_attn_backend, tri_mul_backend=cfg.tri_mul_backend,
             tri_attn_activation=cfg.tri_attn_activation, tri_attn_fused_gate=cfg.tri_attn_fused_gate,
-            pair_transition_backend=cfg.pair_transition_backend)
+            tri_attn_split_ds=cfg.tri_attn_split_ds, pair_transition_backend=cfg.pair_transition_backend)
         self.distogram_head = DistogramHead(c_z=cfg.c_z, n_bins=cfg.distogram_bins)
         self.diffusion = DiffusionModule(
             c_s=cfg.c_s, c_z=cfg.c_z, c_inputs=self.embedder.c_inputs, c_token=cfg.c_token,

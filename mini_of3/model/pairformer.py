@@ -36,15 +36,15 @@ class PairformerBlock(nn.Module):
     c_hidden_mul : channels of the triangle multiplication
     transition_factor : expansion of both transitions (AF3: 4)
     pair_dropout : rate of the row/column-shared dropout on the triangle updates (AF3: 0.25)
-    tri_attn_backend, tri_mul_backend, tri_attn_activation, tri_attn_fused_gate, pair_transition_backend : see
-        DESIGN.md (model.*)
+    tri_attn_backend, tri_mul_backend, tri_attn_activation, tri_attn_fused_gate, tri_attn_split_ds,
+        pair_transition_backend : see DESIGN.md and config.py (model.*)
     """
 
     def __init__(self, *, c_s: int, c_z: int, n_heads_tri: int, c_hidden_tri: int, n_heads_single: int,
                  c_hidden_mul: int, transition_factor: int = 4, pair_dropout: float = 0.25,
                  tri_attn_backend: str = "auto", tri_mul_backend: str = "auto",
                  tri_attn_activation: str = "softmax", tri_attn_fused_gate: bool = True,
-                 pair_transition_backend: str = "auto") -> None:
+                 tri_attn_split_ds: bool = True, pair_transition_backend: str = "auto") -> None:
         super().__init__()
         self.pair_dropout = pair_dropout
         self.tri_mul_out = TriangleMultiplication(c_z=c_z, c_hidden=c_hidden_mul, direction="outgoing",
@@ -52,7 +52,7 @@ class PairformerBlock(nn.Module):
         self.tri_mul_in = TriangleMultiplication(c_z=c_z, c_hidden=c_hidden_mul, direction="incoming",
                                                  backend=tri_mul_backend)
         attn = dict(c_z=c_z, n_heads=n_heads_tri, c_hidden=c_hidden_tri, backend=tri_attn_backend,
-                    activation=tri_attn_activation, fused_gate=tri_attn_fused_gate)
+                    activation=tri_attn_activation, fused_gate=tri_attn_fused_gate, split_ds=tri_attn_split_ds)
         self.tri_attn_start = TriangleAttention(node="starting", **attn)
         self.tri_attn_end = TriangleAttention(node="ending", **attn)
         self.pair_transition = Transition(c=c_z, n=transition_factor, backend=pair_transition_backend)

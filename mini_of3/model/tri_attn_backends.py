@@ -52,9 +52,10 @@ def _key_mask(q: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return torch.ones(B, I, J, dtype=torch.bool, device=q.device)
 
 
-def _mini_of3(kernel_backend: str, activation: str) -> Attend:
+def _mini_of3(kernel_backend: str, activation: str, split_ds: bool | None) -> Attend:
     def attend(q, k, v, bias, mask):
-        return triangle_attention(q, k, v, bias, mask, activation=activation, backend=kernel_backend)
+        return triangle_attention(q, k, v, bias, mask, activation=activation, backend=kernel_backend,
+                                  split_ds=split_ds)
     return attend
 
 
@@ -93,20 +94,21 @@ def _of3_triton(fn) -> Attend:
 _RAW_TRITON_ANCHORS = ("trifast", "of3_triton")
 
 
-def tri_attn_backend(name: str, activation: str = "softmax") -> Attend:
+def tri_attn_backend(name: str, activation: str = "softmax", split_ds: bool | None = None) -> Attend:
     """The triangle attention function for ``model.tri_attn_backend`` = ``name`` (imports an anchor now).
 
     Parameters
     ----------
     name : one of auto | mini_of3 | torch | trifast | cueq | of3_triton
     activation : softmax | sigmoid (sigmoid only with auto, mini_of3 and torch)
+    split_ds : model.tri_attn_split_ds, for our kernel (:func:`mini_of3.kernels.triangle_attention`)
     """
     if name not in TRI_ATTN_BACKENDS:
         raise ValueError(f"tri_attn_backend must be one of {TRI_ATTN_BACKENDS}, got {name!r}")
     if activation not in ("softmax", "sigmoid"):
         raise ValueError(f"tri_attn_activation must be 'softmax' or 'sigmoid', got {activation!r}")
     if name in _KERNEL_BACKENDS:
-        return _mini_of3(_KERNEL_BACKENDS[name], activation)
+        return _mini_of3(_KERNEL_BACKENDS[name], activation, split_ds)
     if activation != "softmax":
         raise ValueError(f"tri_attn_backend {name!r} implements softmax attention only, got "
                          f"tri_attn_activation={activation!r}")
@@ -117,17 +119,18 @@ def tri_attn_backend(name: str, activation: str = "softmax") -> Attend:
     return attend
 
 
-def tri_attn_backend_gated(name: str, activation: str = "softmax"):
+def tri_attn_backend_gated(name: str, activation: str = "softmax", split_ds: bool | None = None):
     """For our backends (auto, mini_of3, torch), ``attend_gated(qkvg, bias, mask) -> sigmoid(g) * o`` with q, k, v
     and g packed [B, I, J, 4, H, D] (:func:`mini_of3.kernels.gated_triangle_attention`: the gate in the kernels, the
     four gradients in one buffer); None for the anchors, which take q, k, v only (the model gates around them).
-    ``name`` and ``activation`` are checked by :func:`tri_attn_backend`."""
+    ``name`` and ``activation`` are checked by :func:`tri_attn_backend`; ``split_ds`` as there."""
     if name not in _KERNEL_BACKENDS:
         return None
     kernel_backend = _KERNEL_BACKENDS[name]
 
     def attend_gated(qkvg, bias, mask):
-        return gated_triangle_attention(qkvg, bias, mask, activation=activation, backend=kernel_backend)
+        return gated_triangle_attention(qkvg, bias, mask, activation=activation, backend=kernel_backend,
+                                        split_ds=split_ds)
     return attend_gated
 
 

@@ -70,10 +70,12 @@ class TriangleAttention(nn.Module):
     node : "starting" | "ending"
     backend : model.tri_attn_backend; activation : model.tri_attn_activation (softmax | sigmoid)
     fused_gate : model.tri_attn_fused_gate: with our backends, the gate inside the kernels (else in PyTorch)
+    split_ds : model.tri_attn_split_ds: our kernel's backward splits dS into hi + lo bf16 parts (else rounds it)
     """
 
     def __init__(self, *, c_z: int, n_heads: int, c_hidden: int, node: Literal["starting", "ending"],
-                 backend: str = "auto", activation: str = "softmax", fused_gate: bool = True) -> None:
+                 backend: str = "auto", activation: str = "softmax", fused_gate: bool = True,
+                 split_ds: bool = True) -> None:
         super().__init__()
         if node not in ("starting", "ending"):
             raise ValueError(f"TriangleAttention: node must be 'starting' or 'ending', got {node!r}")
@@ -85,8 +87,8 @@ class TriangleAttention(nn.Module):
         self.linear_b = nn.Linear(c_z, n_heads, bias=False)
         self.linear_g = nn.Linear(c_z, n_heads * c_hidden, bias=False)
         self.linear_o = nn.Linear(n_heads * c_hidden, c_z, bias=False)
-        self.attend = tri_attn_backend(backend, activation)
-        self.attend_gated = tri_attn_backend_gated(backend, activation) if fused_gate else None
+        self.attend = tri_attn_backend(backend, activation, split_ds)
+        self.attend_gated = tri_attn_backend_gated(backend, activation, split_ds) if fused_gate else None
 
     def attention_inputs(self, z: torch.Tensor, pair_mask: torch.Tensor):
         """The kernel's inputs in this node's frame (the pair itself, or its transpose for the ending node).

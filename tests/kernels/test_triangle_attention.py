@@ -126,12 +126,14 @@ def test_delta_is_exact_despite_the_rounded_output(dtype):
 
 
 def test_split_ds_off_reaches_the_kernels():
-    """``algorithm(split_ds=False)`` rounds dS to bf16 before dS @ k and dS^T @ q: dq and dk change (within the bf16
-    bound), o and dv (which do not use those products) stay bitwise the same."""
+    """``algorithm(split_ds=False)`` (or the keyword ``split_ds=False``) rounds dS to bf16 before dS @ k and dS^T @ q:
+    dq and dk change (within the bf16 bound), o and dv (which do not use those products) stay bitwise the same."""
     q, k, v, bias, mask, do = make_inputs(1, 3, 33, 2, 16, torch.bfloat16, masked=True, transposed=False)
     split = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
     with algorithm(split_ds=False):
         rounded = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
+    by_keyword = run(triangle_attention, q, k, v, bias, mask, do, backend="triton", split_ds=False)
+    assert all(torch.equal(a, b) for a, b in zip(rounded, by_keyword)), "split_ds=False is algorithm(split_ds=False)"
     ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
     for name, a, b, r in zip(("o", "dq", "dk", "dv", "dbias"), split, rounded, ref):
         assert rel_err(b, r) < TOLERANCE[torch.bfloat16 if name != "dbias" else torch.float32], name

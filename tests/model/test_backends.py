@@ -258,6 +258,18 @@ def test_fused_gate_follows_the_config(monkeypatch, backend, fused):
     assert layers and all((m.attend_gated is not None) == (fused and backend == "torch") for m in layers)
 
 
+@pytest.mark.parametrize("split_ds", [True, False])
+def test_split_ds_follows_the_config(monkeypatch, split_ds):
+    """model.tri_attn_split_ds reaches our kernel's call in both triangle attention layers of every block."""
+    seen = []
+    monkeypatch.setattr(tab, "gated_triangle_attention", lambda *args, **kwargs: seen.append(kwargs["split_ds"]))
+    model = build_model(tiny_config(tri_attn_backend="torch", tri_attn_split_ds=split_ds))
+    layers = [m for m in model.modules() if isinstance(m, TriangleAttention)]
+    for layer in layers:
+        layer.attend_gated(None, None, None)
+    assert len(layers) >= 2 and seen == [split_ds] * len(layers)
+
+
 @pytest.mark.parametrize("backend,c,device_is_cuda,uses_kernel", [
     ("torch", 16, True, False), ("mini_of3", 16, False, True), ("auto", 16, False, False), ("auto", 16, True, True),
     ("auto", 384, True, False), ("auto", 24, True, False), ("auto", 16, True, "float64")])
