@@ -51,7 +51,8 @@ def _trailing_values(kernel, n_positional: int, kwargs: dict) -> tuple:
 
 
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
-    """Launch the ``triton.jit`` function ``kernel`` on ``grid`` (a tuple) with ``args`` and ``kwargs``."""
+    """Launch the ``triton.jit`` function ``kernel`` on ``grid`` (a tuple of 1 to 3 ints) with ``args`` and
+    ``kwargs``."""
     if interpreting():
         kernel[grid](*args, **kwargs)
         return
@@ -66,4 +67,4 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
         _compiled[key] = (compiled, _trailing_values(kernel, len(args), kwargs))
         return
     compiled, trailing = entry
-    compiled[grid](*args, *trailing)
+    compiled[(*grid, 1, 1)[:3]](*args, *trailing)    # the compiled kernel's runner reads grid[0], grid[1], grid[2]
