@@ -74,8 +74,9 @@ class ModelConfig:
     tri_mul_backend: Literal["auto", "mini_of3", "torch", "cueq"] = "auto"   # auto = torch
     tri_attn_activation: Literal["softmax", "sigmoid"] = "softmax"
     tri_attn_fused_gate: bool = True          # our backends apply the gate inside the kernels (false: in PyTorch)
-    tri_attn_split_ds: bool = True            # our kernel's backward splits dS into bf16 hi + lo (dq, dk errors
-                                              # 1.7e-3); false rounds it once (2.4e-3, cuEquivariance's), faster
+    tri_attn_split_ds: bool = False           # true: our kernel's backward splits dS into bf16 hi + lo (dq, dk
+                                              # errors 1.7e-3, not 2.4e-3 as cuEquivariance's); 36 ms more per
+                                              # step at crop 768 (H100, step_crop768_50ce36b_splitds_h100.json)
     pair_transition_backend: Literal["auto", "mini_of3", "torch"] = "auto"   # auto = our kernel on CUDA
     checkpointing: bool = True               # activation checkpointing per Pairformer block
     checkpoint_blocks: int | None = None     # with checkpointing: the first k Pairformer blocks recompute their

@@ -44,7 +44,7 @@ class PairformerBlock(nn.Module):
                  c_hidden_mul: int, transition_factor: int = 4, pair_dropout: float = 0.25,
                  tri_attn_backend: str = "auto", tri_mul_backend: str = "auto",
                  tri_attn_activation: str = "softmax", tri_attn_fused_gate: bool = True,
-                 tri_attn_split_ds: bool = True, pair_transition_backend: str = "auto") -> None:
+                 tri_attn_split_ds: bool = False, pair_transition_backend: str = "auto") -> None:
         super().__init__()
         self.pair_dropout = pair_dropout
         self.tri_mul_out = TriangleMultiplication(c_z=c_z, c_hidden=c_hidden_mul, direction="outgoing",

@@ -75,7 +75,7 @@ class TriangleAttention(nn.Module):
 
     def __init__(self, *, c_z: int, n_heads: int, c_hidden: int, node: Literal["starting", "ending"],
                  backend: str = "auto", activation: str = "softmax", fused_gate: bool = True,
-                 split_ds: bool = True) -> None:
+                 split_ds: bool = False) -> None:
         super().__init__()
         if node not in ("starting", "ending"):
             raise ValueError(f"TriangleAttention: node must be 'starting' or 'ending', got {node!r}")
