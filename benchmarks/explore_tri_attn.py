@@ -11,7 +11,7 @@ from dataclasses import replace
 import torch
 
 from mini_of3.bench.common import device_ms_by_kernel
-from mini_of3.kernels import triangle_attention
+from mini_of3.kernels import gated_triangle_attention, triangle_attention
 from mini_of3.kernels.launch import Algorithm, LaunchConfig, algorithm, default_config, launch_config
 
 KERNELS = ("_fwd", "_bwd_dq", "_bwd_dbias", "_sum_chunks", "_bwd_dkdv")
@@ -29,22 +29,40 @@ def inputs(n, d, heads, *, bias="fp32", masked=True):
     return leaves, (mask if masked else None), do
 
 
+def model_inputs(n, d, heads, *, transposed=False):
+    """What the model passes (gated_triangle_attention): q, k, v, g as views of one bf16 projection [1, I, J, 4, H,
+    D] (the ending node: a view of [1, J, I, 4, H, D]), a heads-first bf16 bias, 10 % of the keys masked."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    packed = torch.randn(1, n, n, 4, heads, d, device="cuda", generator=g).to(torch.bfloat16)
+    qkvg = (packed.transpose(1, 2) if transposed else packed).requires_grad_(True)
+    bias = torch.randn(1, heads, n, n, device="cuda", generator=g).to(torch.bfloat16).requires_grad_(True)
+    mask = torch.rand(1, n, n, device="cuda", generator=g) > 0.1
+    do = torch.randn(1, n, n, heads, d, device="cuda", generator=g).to(torch.bfloat16)
+    return [qkvg, bias], mask, do
+
+
 def fwd_bwd(leaves, mask, do):
+    if len(leaves) == 2:   # the model's gated call
+        return torch.autograd.grad(gated_triangle_attention(*leaves, mask), leaves, do)
     q, k, v, bias_leaf = leaves
     bias = bias_leaf.expand(1, q.shape[3], q.shape[2], q.shape[2])
     return torch.autograd.grad(triangle_attention(q, k, v, bias, mask), leaves, do)
 
 
-def kernel_times(config: LaunchConfig, choice: Algorithm, n, d, heads, iters=10, **kw) -> dict[str, float]:
-    leaves, mask, do = inputs(n, d, heads, **kw)
+def kernel_times(config: LaunchConfig, choice: Algorithm, n, d, heads, iters=10, **kw):
+    """Device ms per call by kernel, and the last call's gradients (for bitwise comparisons across variants)."""
+    layout = kw.pop("layout", None)
+    leaves, mask, do = model_inputs(n, d, heads, transposed=layout == "model_t") if layout else \
+        inputs(n, d, heads, **kw)
     with launch_config(config), algorithm(choice):
         by_kernel, wall = device_ms_by_kernel(lambda r: fwd_bwd(leaves, mask, do), iters=iters)
+        grads = fwd_bwd(leaves, mask, do)
     times = defaultdict(float)
     for key, (ms, _count) in by_kernel.items():
         name = next((k for k in KERNELS if key.startswith(k)), None)
         times[name or "other"] += ms   # ms per call
     times["wall"] = wall
-    return dict(times)
+    return dict(times), grads
 
 
 def main():
@@ -83,17 +101,35 @@ def main():
         "dkdv q dO ahead (v13)": (tiles(dkdv_prefetch=1), default, {}),
         "dkdv 32x64 prefetch q dO": (tiles(dkdv_block_j=32, dkdv_prefetch=1), default, {}),
         "dkdv 64x64 w4 s2": (tiles(dkdv_stages=2, dkdv_prefetch=0), default, {}),
+        # the model's layouts and algorithm (gated, packed projection, bf16 bias, split dS off), with and without
+        # the tensor-descriptor loads of the forward and dbias kernels
+        "model": (base, Algorithm(split_ds=False), {"layout": "model"}),
+        "model tma": (tiles(tma=True), Algorithm(split_ds=False), {"layout": "model"}),
+        "model tma fwd s3": (tiles(tma=True, fwd_stages=3), Algorithm(split_ds=False), {"layout": "model"}),
+        "model tma fwd 128x64 s3": (tiles(tma=True, fwd_block_j=128, fwd_stages=3), Algorithm(split_ds=False),
+                                    {"layout": "model"}),
+        "model tma dbias s4": (tiles(tma=True, dbias_stages=4), Algorithm(split_ds=False), {"layout": "model"}),
+        "model tma dbias w8 s2": (tiles(tma=True, dbias_warps=8, dbias_stages=2), Algorithm(split_ds=False),
+                                  {"layout": "model"}),
+        "model_t": (base, Algorithm(split_ds=False), {"layout": "model_t"}),
+        "model_t tma": (tiles(tma=True), Algorithm(split_ds=False), {"layout": "model_t"}),
     }
     if args.only:
         variants = {name: v for name, v in variants.items() if name in args.only.split(",")}
-    rows = []
+    rows, first_grads = [], {}
     for name, (config, choice, kw) in list(variants.items())[:3 if args.quick else None]:
+        layout = kw.get("layout")
         try:
-            t = kernel_times(config, choice, args.n, args.d, args.heads, **kw)
+            t, grads = kernel_times(config, choice, args.n, args.d, args.heads, **dict(kw))
         except Exception as err:
             print(f"{name}: {type(err).__name__}: {str(err)[:300]}", flush=True)
             continue
         rows.append((name, t))
+        if layout and layout in first_grads:   # same inputs and algorithm: the same bits whatever the tiles' loads
+            same = [torch.equal(a, b) for a, b in zip(first_grads[layout], grads)]
+            t["bitwise"] = float(all(same)) if config.fwd_block_j == base.fwd_block_j else float("nan")
+        elif layout:
+            first_grads[layout] = grads
         print(name, {k: round(v, 3) for k, v in t.items()}, flush=True)
     print(f"\nN={args.n} D={args.d} H={args.heads}: device ms per fwd+bwd call (torch.profiler)")
     cols = list(KERNELS) + ["other"]

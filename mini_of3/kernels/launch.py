@@ -111,6 +111,8 @@ class LaunchConfig:
     dkdv_stages: int = 1
     dkdv_prefetch: int = 2            # what the dK/dV kernel loads one query tile ahead: 0 nothing, 1 q and dO,
                                       # 2 also the bias tile
+    tma: bool = False                 # the forward and dbias kernels read q, k, v, dO and the bias through tensor
+                                      # descriptors where TMA allows (sm90+, aligned strides); same values
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -330,6 +332,39 @@ def _persistent_programs(items: int, device: torch.device) -> int:
     return math.ceil(items / per_program)
 
 
+def _tma_ready(*tensors: torch.Tensor) -> bool:
+    """Whether tensor descriptors can read these q-like [B, I, J, H, D] and bias [B, H, J, K] tensors: a GPU with
+    TMA (compute capability 9 or more) or the interpreter, the last dim contiguous, every other stride positive and
+    a multiple of 16 bytes, the data 16-byte aligned (TMA's rules for the descriptors the kernels build per (b, h))."""
+    if not interpreting() and not (tensors[0].is_cuda and torch.cuda.get_device_capability(tensors[0].device)[0] >= 9):
+        return False
+    for t in tensors:
+        aligned = 16 // t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s <= 0 or s % aligned for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+_allocator_set = False
+
+
+def _tma_allocator() -> None:
+    """Triton allocates the in-kernel descriptors' global scratch through ``triton.set_allocator``: set it once,
+    to the CUDA caching allocator."""
+    global _allocator_set
+    if not _allocator_set:
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8,
+                                                                          device="cpu" if interpreting() else "cuda"))
+        _allocator_set = True
+
+
+def _use_tma(config: LaunchConfig, *tensors: torch.Tensor) -> bool:
+    use = config.tma and _tma_ready(*tensors)
+    if use:
+        _tma_allocator()
+    return use
+
+
 def _key_bias_args(key_bias: torch.Tensor | None, fallback: torch.Tensor) -> tuple:
     """(pointer, strides) for the kernels; any tensor stands in for an absent key term (never read)."""
     if key_bias is None:
@@ -350,11 +385,12 @@ def forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: boo
     args = (q, k, v, bias, kb_arg, o, lse if lse.numel() else o, q if gate is None else gate,
             *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *o.stride(), B, I, J, H, scale)
     flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, STORE_LSE=store_lse, FAST_EXP=fast_exp,
-                 DOT_PREC=_dot_precision(q.dtype), BLOCK_D=D, GATED=gate is not None)
+                 DOT_PREC=_dot_precision(q.dtype), BLOCK_D=D, GATED=gate is not None,
+                 TMA=_use_tma(config, q, k, v, bias))
     fixed = triton.Config({"BLOCK_J": config.fwd_block_j, "BLOCK_K": config.fwd_block_k},
                           num_warps=config.fwd_warps, num_stages=config.fwd_stages)
     _launch("fwd", K._fwd, _fwd_configs(D), fixed, lambda meta: (B * I * H * triton.cdiv(J, meta["BLOCK_J"]),),
-            args, _bucket(J), flags, ("GATED",))
+            args, _bucket(J), flags, ("GATED", "TMA"))
     return o, lse
 
 
@@ -447,7 +483,7 @@ def _dbias(common: tuple, strides: tuple, flags: dict, q: torch.Tensor, bias: to
     _launch("dbias", K._bwd_dbias, _dbias_configs(),
             triton.Config({}, num_warps=config.dbias_warps, num_stages=config.dbias_stages), (tiles * chunks,),
             (*common, part, *strides, *part.stride(), B, I, J, H, scale, rows_per_chunk), _bucket(J),
-            dict(flags, BLOCK_J=block_j, BLOCK_K=block_k))
+            dict(flags, BLOCK_J=block_j, BLOCK_K=block_k, TMA=_use_tma(config, *common[:4], common[5])), ("TMA",))
     if chunks > 1:
         n = dbias.numel()
         launch(K._sum_chunks, (triton.cdiv(n, 1024),), part, dbias, chunks, n, BLOCK=1024, num_warps=4)

@@ -39,6 +39,26 @@ def _load_tile(ptr, offs_rows, offs_d, stride_row, stride_d, n_rows):
 
 
 @triton.jit
+def _slice_desc(base, I, J, s_i, s_j, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A tensor-memory-accelerator (TMA) descriptor of one (b, h) slice [I, J, D] of q, k, v or dO (d contiguous),
+    read in [1, BLOCK_ROWS, D] boxes; rows past J read as zeros, as _load_tile's."""
+    return tl.make_tensor_descriptor(base, shape=[I, J, BLOCK_D], strides=[s_i, s_j, 1],
+                                     block_shape=[1, BLOCK_ROWS, BLOCK_D])
+
+
+@triton.jit
+def _desc_rows(desc, i, row0, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows row0 .. row0 + BLOCK_ROWS of row i through a _slice_desc descriptor: [BLOCK_ROWS, D]."""
+    return tl.reshape(desc.load([i.to(tl.int32), row0, 0]), [BLOCK_ROWS, BLOCK_D])
+
+
+@triton.jit
+def _bias_desc(base, J, s_j, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    """A TMA descriptor of one (b, h) bias [J, K] (k contiguous) in [BLOCK_ROWS, BLOCK_COLS] boxes, zeros outside."""
+    return tl.make_tensor_descriptor(base, shape=[J, J], strides=[s_j, 1], block_shape=[BLOCK_ROWS, BLOCK_COLS])
+
+
+@triton.jit
 def _key_mask(KEY_BIAS, m_base, offs_k, sm_k, J, HAS_KEY_BIAS: tl.constexpr):
     """The additive key term [BK] of the raw scores, -inf past the end: from the caller's bool mask (softmax: 0 or
     -inf) or from a float32 key bias built on the host (0 or -inf, plus beta / scale for sigmoid)."""
@@ -174,10 +194,11 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, O, LSE, G,
          B, I, J, H, scale, J_BUCKET,
          HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, STORE_LSE: tl.constexpr, FAST_EXP: tl.constexpr,
          DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-         GATED: tl.constexpr = False):
+         GATED: tl.constexpr = False, TMA: tl.constexpr = False):
     """o of one query tile of one row: online softmax in base 2 (the score t * scale2 applied inside the exponent's
     FMA), or for sigmoid o = sum_k sigmoid(t) v; for a backward (STORE_LSE) also the base-2 log-sum-exp. GATED
-    stores sigmoid(g) * o instead (AF3 SI Alg 14 line 6), g [B, I, J, H, D] with q's strides (one projection)."""
+    stores sigmoid(g) * o instead (AF3 SI Alg 14 line 6), g [B, I, J, H, D] with q's strides (one projection).
+    TMA loads the q, k, v and bias tiles through tensor descriptors (same values, no address tiles)."""
     jb, h, i, b64 = _query_tile_program(J, H, I, BLOCK_J)
     offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
     offs_d = tl.arange(0, BLOCK_D)
@@ -186,7 +207,14 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, O, LSE, G,
     v_row = V + b64 * sv_b + i * sv_i + h * sv_h
     bias_rows = BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j
     m_base = b64 * sm_b + i * sm_i
-    q = _load_tile(Q + b64 * sq_b + i * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)     # [BJ, D]
+    if TMA:
+        k_desc = _slice_desc(K + b64 * sk_b + h * sk_h, I, J, sk_i, sk_j, BLOCK_K, BLOCK_D)
+        v_desc = _slice_desc(V + b64 * sv_b + h * sv_h, I, J, sv_i, sv_j, BLOCK_K, BLOCK_D)
+        bias_desc = _bias_desc(BIAS + b64 * sb_b + h * sb_h, J, sb_j, BLOCK_J, BLOCK_K)
+        q = _desc_rows(_slice_desc(Q + b64 * sq_b + h * sq_h, I, J, sq_i, sq_j, BLOCK_J, BLOCK_D), i, jb * BLOCK_J,
+                       BLOCK_J, BLOCK_D)                                                        # [BJ, D]
+    else:
+        q = _load_tile(Q + b64 * sq_b + i * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)     # [BJ, D]
     scale2 = _base2(scale)
     m_run = tl.full([BLOCK_J], float("-inf"), dtype=tl.float32)
     l_run = tl.zeros([BLOCK_J], dtype=tl.float32)
@@ -196,11 +224,17 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, O, LSE, G,
     mask_next = _key_mask(KEY_BIAS, m_base, offs_kt, sm_k, J, HAS_KEY_BIAS)
     for k0 in range(0, J, BLOCK_K):
         offs_k = k0 + offs_kt
-        bias_t = _bias_tile(bias_rows, offs_j, offs_k, sb_k, J, scale)                          # [BJ, BK]
         key_mask = mask_next                                                                    # [BK]
         mask_next = _key_mask(KEY_BIAS, m_base, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
-        k, v, t = _key_tile_scores(q, k_row, v_row, bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J,
-                                   DOT_PREC)                                                    # t: [BJ, BK]
+        if TMA:
+            bias_t = bias_desc.load([jb * BLOCK_J, k0]).to(tl.float32) * (1.0 / scale)         # [BJ, BK]
+            k = _desc_rows(k_desc, i, k0, BLOCK_K, BLOCK_D)                                     # [BK, D]
+            v = _desc_rows(v_desc, i, k0, BLOCK_K, BLOCK_D)                                     # [BK, D]
+            t = _dot(q, tl.trans(k), DOT_PREC, acc=bias_t + key_mask[None, :])
+        else:
+            bias_t = _bias_tile(bias_rows, offs_j, offs_k, sb_k, J, scale)                      # [BJ, BK]
+            k, v, t = _key_tile_scores(q, k_row, v_row, bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d,
+                                       J, DOT_PREC)                                             # t: [BJ, BK]
         if SIGMOID:
             acc += _dot(_sigmoid2(t * scale2, FAST_EXP).to(v.dtype), v, DOT_PREC)
         else:
@@ -394,9 +428,9 @@ def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DBIAS,
                so_c, so_b, so_h, so_j, so_k,
                B, I, J, H, scale, rows_per_chunk, J_BUCKET,
                HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr,
-               BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+               BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, TMA: tl.constexpr = False):
     """dbias of one (query tile, key tile) summed over the rows i of one chunk, in order: the bias tile stays in
-    registers. Program order: key tile fastest, then query tile, head, batch, and the chunk of rows slowest, so that
+    registers (TMA: each row's q, dO, k, v tiles through tensor descriptors). Program order: key tile fastest, then query tile, head, batch, and the chunk of rows slowest, so that
     the programs in flight walk the same rows i together and read each row's q, k, v, dO from HBM once."""
     pid = tl.program_id(0)
     n_kb = tl.cdiv(J, BLOCK_K)
@@ -416,6 +450,11 @@ def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DBIAS,
     acc = tl.zeros([BLOCK_J, BLOCK_K], dtype=tl.float32)
     i_start = c * rows_per_chunk
     i_end = tl.minimum(i_start + rows_per_chunk, I)
+    if TMA:
+        q_desc = _slice_desc(Q + b64 * sq_b + h * sq_h, I, J, sq_i, sq_j, BLOCK_J, BLOCK_D)
+        do_desc = _slice_desc(DO + b64 * sd_b + h * sd_h, I, J, sd_i, sd_j, BLOCK_J, BLOCK_D)
+        k_desc = _slice_desc(K + b64 * sk_b + h * sk_h, I, J, sk_i, sk_j, BLOCK_K, BLOCK_D)
+        v_desc = _slice_desc(V + b64 * sv_b + h * sv_h, I, J, sv_i, sv_j, BLOCK_K, BLOCK_D)
     # the key mask and row statistics of row i + 1 are loaded while row i is computed (by hand; see _fwd)
     key_mask_next, lse_next, delta_next = _dbias_row_vectors(KEY_BIAS, LSE, DELTA, b64, h, i_start, I, J, H, sm_b,
                                                              sm_i, sm_k, offs_j, offs_k, in_j, HAS_KEY_BIAS, SIGMOID)
@@ -425,10 +464,18 @@ def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DBIAS,
         key_mask_next, lse_next, delta_next = _dbias_row_vectors(KEY_BIAS, LSE, DELTA, b64, h, i + 1, I, J, H,
                                                                  sm_b, sm_i, sm_k, offs_j, offs_k, in_j,
                                                                  HAS_KEY_BIAS, SIGMOID)
-        q = _load_tile(Q + b64 * sq_b + i64 * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)
-        do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J)
-        k, v, t = _key_tile_scores(q, K + b64 * sk_b + i64 * sk_i + h * sk_h, V + b64 * sv_b + i64 * sv_i + h * sv_h,
-                                   bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J, DOT_PREC)
+        if TMA:
+            q = _desc_rows(q_desc, i64, jb * BLOCK_J, BLOCK_J, BLOCK_D)                         # [BJ, D]
+            do = _desc_rows(do_desc, i64, jb * BLOCK_J, BLOCK_J, BLOCK_D)                       # [BJ, D]
+            k = _desc_rows(k_desc, i64, kb * BLOCK_K, BLOCK_K, BLOCK_D)                         # [BK, D]
+            v = _desc_rows(v_desc, i64, kb * BLOCK_K, BLOCK_K, BLOCK_D)                         # [BK, D]
+            t = _dot(q, tl.trans(k), DOT_PREC, acc=bias_t + key_mask[None, :])
+        else:
+            q = _load_tile(Q + b64 * sq_b + i64 * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)
+            do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J)
+            k, v, t = _key_tile_scores(q, K + b64 * sk_b + i64 * sk_i + h * sk_h,
+                                       V + b64 * sv_b + i64 * sv_i + h * sv_h, bias_t, key_mask, offs_k, offs_d,
+                                       sk_j, sk_d, sv_j, sv_d, J, DOT_PREC)
         dp = _dot(do, tl.trans(v), DOT_PREC)
         _, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
         acc += ds
