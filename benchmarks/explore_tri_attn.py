@@ -111,6 +111,9 @@ def main():
         "model tma dbias s4": (tiles(tma=True, dbias_stages=4), Algorithm(split_ds=False), {"layout": "model"}),
         "model tma dbias w8 s2": (tiles(tma=True, dbias_warps=8, dbias_stages=2), Algorithm(split_ds=False),
                                   {"layout": "model"}),
+        "model tma dq rows 1": (tiles(tma=True, dq_rows=1), Algorithm(split_ds=False), {"layout": "model"}),
+        "model tma dq 64x64 s2": (tiles(tma=True, dq_block_k=64, dq_stages=2), Algorithm(split_ds=False),
+                                  {"layout": "model"}),
         "model_t": (base, Algorithm(split_ds=False), {"layout": "model_t"}),
         "model_t tma": (tiles(tma=True), Algorithm(split_ds=False), {"layout": "model_t"}),
     }

@@ -11,6 +11,7 @@ the GPU machine's (3.6): use it to compare variants, and confirm on the GPU.
     python benchmarks/kernel_resources.py                 # the autotuning candidates of every kernel, D = 32
     python benchmarks/kernel_resources.py --head-dim 64 --maxnreg 168
     python benchmarks/kernel_resources.py --kernel transition   # tiles of the fused transition, C = 128, n = 4
+    python benchmarks/kernel_resources.py --kernel fwd --tma    # the tensor-descriptor loads (bf16 bias)
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ TARGET = GPUTarget("cuda", 90, 32)
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 UNIT_STRIDES = ("sq_d", "sk_d", "sv_d", "so_d", "sd_d", "sg_d", "sb_k", "sm_k", "so_k")
 POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", BIAS="*fp32", KEY_BIAS="*i1", O="*bf16", LSE="*fp32", DO="*bf16",
-                DELTA="*fp32", DQ="*bf16", DK="*bf16", DV="*bf16", DBIAS="*fp32",
+                DELTA="*fp32", DELTA0="*fp32", G="*bf16", DQ="*bf16", DK="*bf16", DV="*bf16", DBIAS="*fp32",
                 X="*fp32", LN_W="*fp32", LN_B="*fp32", W_A="*bf16", W_B="*bf16", W_O="*bf16", OUT="*bf16",
                 MEAN="*fp32", RSTD="*fp32", DOUT="*bf16", DX="*fp32", HIDDEN="*bf16", DAB="*bf16", XN="*bf16",
                 PART="*fp32")
@@ -84,9 +85,13 @@ def main() -> None:
     parser.add_argument("--kernel", choices=("fwd", "dq", "dkdv", "dbias", "all", "transition"), default="all")
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--maxnreg", type=int, default=None)
+    parser.add_argument("--tma", action="store_true", help="tensor-descriptor loads (the model's bf16 bias)")
     args = parser.parse_args()
     d = args.head_dim
-    common = dict(HAS_KEY_BIAS=True, SIGMOID=False, FAST_EXP=True, DOT_PREC="tf32", BLOCK_D=d)
+    common = dict(HAS_KEY_BIAS=True, SIGMOID=False, FAST_EXP=True, DOT_PREC="tf32", BLOCK_D=d, TMA=args.tma,
+                  GATED=True)   # the model's gated attention
+    if args.tma:
+        POINTERS["BIAS"] = "*bf16"
     jobs = []   # the default backward: the forward (lse, p unsplit), dQ (exact delta), dK/dV, dbias
     if args.kernel in ("fwd", "all"):
         for c in _fwd_configs(d):

@@ -111,8 +111,8 @@ class LaunchConfig:
     dkdv_stages: int = 1
     dkdv_prefetch: int = 2            # what the dK/dV kernel loads one query tile ahead: 0 nothing, 1 q and dO,
                                       # 2 also the bias tile
-    tma: bool = False                 # the forward and dbias kernels read q, k, v, dO and the bias through tensor
-                                      # descriptors where TMA allows (sm90+, aligned strides); same values
+    tma: bool = False                 # the forward, dQ and dbias kernels read q, k, v, dO and the bias through
+                                      # tensor descriptors where TMA allows (sm90+, aligned strides); same values
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -440,7 +440,8 @@ def backward(do, q, k, v, bias, key_bias, o, lse, sigmoid: bool, scale: float, s
                  FAST_EXP=fast_exp)
     _launch("dq", K._bwd_dq, _dq_configs(D), dq_fixed,
             lambda meta: (B * triton.cdiv(I, meta["ROWS"]) * H * triton.cdiv(J, meta["BLOCK_J"]),), dq_args,
-            _bucket(J), dict(flags, SPLIT_DS=split_ds, GATED=gate is not None), ("SPLIT_DS", "GATED"))
+            _bucket(J), dict(flags, SPLIT_DS=split_ds, GATED=gate is not None,
+                             TMA=_use_tma(config, q, k, v, bias, do_attn)), ("SPLIT_DS", "GATED", "TMA"))
 
     # the dbias and dK/dV kernels see the attention's own dO
     common = (q, k, v, bias, kb_arg, do_attn, lse, delta)

@@ -172,7 +172,7 @@ def test_small_tiles_cover_many_tile_loops(dq_rows, prefetch):
 ])
 def test_tensor_descriptor_loads_give_the_same_bits(B, I, N, H, D, dtype, activation, transposed, gated,
                                                     monkeypatch):
-    """``LaunchConfig(tma=True)``: the forward and dbias kernels read q, k, v, dO and the bias through TMA
+    """``LaunchConfig(tma=True)``: the forward, dQ and dbias kernels read q, k, v, dO and the bias through TMA
     descriptors instead of pointer tiles: the same values, so every output and gradient is bitwise the pointer
     path's, masked keys and rows past N included (N a multiple of 16 bytes of bias row: TMA's rule)."""
     import mini_of3.kernels.launch as launch_module
@@ -185,8 +185,8 @@ def test_tensor_descriptor_loads_give_the_same_bits(B, I, N, H, D, dtype, activa
     monkeypatch.setattr(launch_module, "launch", spy)
     runs = []
     for tma in (False, True):
-        with launch_config(fwd_block_j=16, fwd_block_k=16, dbias_block_j=16, dbias_block_k=32, dkdv_prefetch=0,
-                           tma=tma):
+        with launch_config(fwd_block_j=16, fwd_block_k=16, dq_block_j=16, dq_block_k=16, dbias_block_j=16,
+                           dbias_block_k=32, dkdv_prefetch=0, tma=tma):
             if gated:
                 qkvg, bias, mask, dout = make_packed(B, I, N, H, D, dtype, masked=True, transposed=transposed)
                 runs.append(run_gated(qkvg, bias.to(dtype), mask, dout, activation=activation, backend="triton"))
@@ -195,7 +195,7 @@ def test_tensor_descriptor_loads_give_the_same_bits(B, I, N, H, D, dtype, activa
                                                       bias_dtype=dtype)
                 runs.append(run(triangle_attention, q, k, v, bias, mask, do, activation=activation,
                                 backend="triton"))
-    assert ("_fwd", True) in taken and ("_bwd_dbias", True) in taken, taken
+    assert {("_fwd", True), ("_bwd_dq", True), ("_bwd_dbias", True)} <= set(taken), taken
     names = ("out", "dqkvg", "dbias") if gated else ("o", "dq", "dk", "dv", "dbias")
     for name, a, b in zip(names, *runs):
         assert torch.equal(a, b), name
