@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 import torch
 import triton
+from triton.runtime import _allocation
 
 from mini_of3.kernels import tri_attn_kernels as K
 from mini_of3.kernels.launcher import interpreting, launch
@@ -345,17 +346,16 @@ def _tma_ready(*tensors: torch.Tensor) -> bool:
     return True
 
 
-_allocator_set = False
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cpu" if interpreting() else "cuda")
 
 
 def _tma_allocator() -> None:
-    """Triton allocates the in-kernel descriptors' global scratch through ``triton.set_allocator``: set it once,
-    to the CUDA caching allocator."""
-    global _allocator_set
-    if not _allocator_set:
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8,
-                                                                          device="cpu" if interpreting() else "cuda"))
-        _allocator_set = True
+    """Triton allocates the in-kernel descriptors' global scratch through the allocator of ``triton.set_allocator``,
+    a context variable: set it (to the CUDA caching allocator) in each thread that launches, the autograd engine's
+    backward thread included, unless one is set there already."""
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
 
 
 def _use_tma(config: LaunchConfig, *tensors: torch.Tensor) -> bool:
