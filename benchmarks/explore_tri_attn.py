@@ -12,7 +12,8 @@ import torch
 
 from mini_of3.bench.common import device_ms_by_kernel
 from mini_of3.kernels import gated_triangle_attention, triangle_attention
-from mini_of3.kernels.launch import Algorithm, LaunchConfig, algorithm, default_config, launch_config
+from mini_of3.kernels.launch import (Algorithm, LaunchConfig, algorithm, autotuned_configs, default_config,
+                                     launch_config)
 
 KERNELS = ("_fwd", "_bwd_dq", "_bwd_dbias", "_sum_chunks", "_bwd_dkdv")
 
@@ -73,8 +74,23 @@ def main():
     parser.add_argument("--ncu", action="store_true", help="two fwd+bwd calls of the default config, for ncu")
     parser.add_argument("--quick", action="store_true", help="only the first three variants")
     parser.add_argument("--only", default="", help="comma-separated variant names to run (default: all)")
+    parser.add_argument("--autotuned", action="store_true",
+                        help="the model's layouts as the model runs them: autotuned tiles, split dS off; per-kernel "
+                             "ms and the autotuner's choices")
     args = parser.parse_args()
     base = default_config(args.d)
+    if args.autotuned:
+        for layout in ("model", "model_t"):
+            leaves, mask, do = model_inputs(args.n, args.d, args.heads, transposed=layout == "model_t")
+            with algorithm(split_ds=False):
+                fwd_bwd(leaves, mask, do)                                  # autotunes each kernel once
+                by_kernel, wall = device_ms_by_kernel(lambda r: fwd_bwd(leaves, mask, do), iters=10)
+            times = {name: round(sum(ms for key, (ms, _) in by_kernel.items() if key.startswith(name)), 3)
+                     for name in KERNELS}
+            print(f"{layout} autotuned: {times} device {sum(times.values()):.3f} wall {wall:.3f}", flush=True)
+        for name, chosen in autotuned_configs().items():
+            print(name, chosen)
+        return
     if args.ncu:
         leaves, mask, do = inputs(args.n, args.d, args.heads)
         with launch_config(base):
@@ -101,21 +117,14 @@ def main():
         "dkdv q dO ahead (v13)": (tiles(dkdv_prefetch=1), default, {}),
         "dkdv 32x64 prefetch q dO": (tiles(dkdv_block_j=32, dkdv_prefetch=1), default, {}),
         "dkdv 64x64 w4 s2": (tiles(dkdv_stages=2, dkdv_prefetch=0), default, {}),
-        # the model's layouts and algorithm (gated, packed projection, bf16 bias, split dS off), with and without
-        # the tensor-descriptor loads of the forward and dbias kernels
+        # the model's layouts and algorithm (gated, packed projection, bf16 bias, split dS off)
         "model": (base, Algorithm(split_ds=False), {"layout": "model"}),
-        "model tma": (tiles(tma=True), Algorithm(split_ds=False), {"layout": "model"}),
-        "model tma fwd s3": (tiles(tma=True, fwd_stages=3), Algorithm(split_ds=False), {"layout": "model"}),
-        "model tma fwd 128x64 s3": (tiles(tma=True, fwd_block_j=128, fwd_stages=3), Algorithm(split_ds=False),
-                                    {"layout": "model"}),
-        "model tma dbias s4": (tiles(tma=True, dbias_stages=4), Algorithm(split_ds=False), {"layout": "model"}),
-        "model tma dbias w8 s2": (tiles(tma=True, dbias_warps=8, dbias_stages=2), Algorithm(split_ds=False),
-                                  {"layout": "model"}),
-        "model tma dq rows 1": (tiles(tma=True, dq_rows=1), Algorithm(split_ds=False), {"layout": "model"}),
-        "model tma dq 64x64 s2": (tiles(tma=True, dq_block_k=64, dq_stages=2), Algorithm(split_ds=False),
-                                  {"layout": "model"}),
+        "model dq rows 1": (tiles(dq_rows=1), Algorithm(split_ds=False), {"layout": "model"}),
+        "model dq 64x64 s2": (tiles(dq_block_k=64, dq_stages=2), Algorithm(split_ds=False), {"layout": "model"}),
+        "model dq 64x64 s2 rows 1": (tiles(dq_block_k=64, dq_stages=2, dq_rows=1), Algorithm(split_ds=False),
+                                     {"layout": "model"}),
         "model_t": (base, Algorithm(split_ds=False), {"layout": "model_t"}),
-        "model_t tma": (tiles(tma=True), Algorithm(split_ds=False), {"layout": "model_t"}),
+        "model_t dq rows 1": (tiles(dq_rows=1), Algorithm(split_ds=False), {"layout": "model_t"}),
     }
     if args.only:
         variants = {name: v for name, v in variants.items() if name in args.only.split(",")}

@@ -165,54 +165,6 @@ def test_small_tiles_cover_many_tile_loops(dq_rows, prefetch):
         assert rel_err(g, r) < TOLERANCE[torch.float32]
 
 
-@pytest.mark.parametrize("B,I,N,H,D,dtype,activation,transposed,gated", [
-    (1, 3, 40, 2, 16, torch.bfloat16, "softmax", False, False),   # N = 40: partial 16 x 32 tiles, zero fill past J
-    (2, 2, 20, 1, 32, torch.float32, "sigmoid", True, False),     # the ending node's transposed views
-    (1, 3, 24, 2, 16, torch.bfloat16, "softmax", True, True),     # views of one packed projection, gated
-])
-def test_tensor_descriptor_loads_give_the_same_bits(B, I, N, H, D, dtype, activation, transposed, gated,
-                                                    monkeypatch):
-    """``LaunchConfig(tma=True)``: the forward, dQ and dbias kernels read q, k, v, dO and the bias through TMA
-    descriptors instead of pointer tiles: the same values, so every output and gradient is bitwise the pointer
-    path's, masked keys and rows past N included (N a multiple of 16 bytes of bias row: TMA's rule)."""
-    import mini_of3.kernels.launch as launch_module
-    taken = []
-
-    def spy(kernel, grid, *args, **kwargs):
-        taken.append((kernel.fn.__name__, kwargs.get("TMA")))
-        launch_module.launch.__wrapped__(kernel, grid, *args, **kwargs)
-    spy.__wrapped__ = launch_module.launch
-    monkeypatch.setattr(launch_module, "launch", spy)
-    runs = []
-    for tma in (False, True):
-        with launch_config(fwd_block_j=16, fwd_block_k=16, dq_block_j=16, dq_block_k=16, dbias_block_j=16,
-                           dbias_block_k=32, dkdv_prefetch=0, tma=tma):
-            if gated:
-                qkvg, bias, mask, dout = make_packed(B, I, N, H, D, dtype, masked=True, transposed=transposed)
-                runs.append(run_gated(qkvg, bias.to(dtype), mask, dout, activation=activation, backend="triton"))
-            else:
-                q, k, v, bias, mask, do = make_inputs(B, I, N, H, D, dtype, masked=True, transposed=transposed,
-                                                      bias_dtype=dtype)
-                runs.append(run(triangle_attention, q, k, v, bias, mask, do, activation=activation,
-                                backend="triton"))
-    assert {("_fwd", True), ("_bwd_dq", True), ("_bwd_dbias", True)} <= set(taken), taken
-    names = ("out", "dqkvg", "dbias") if gated else ("o", "dq", "dk", "dv", "dbias")
-    for name, a, b in zip(names, *runs):
-        assert torch.equal(a, b), name
-    assert not any(t.isnan().any() for t in runs[1]), "a NaN in the descriptor path"
-
-
-def test_tensor_descriptors_need_aligned_strides():
-    """TMA's rules: a last dim that is not contiguous, or a stride that is not a multiple of 16 bytes, keeps the
-    pointer loads."""
-    from mini_of3.kernels.launch import _tma_ready
-    q = torch.randn(1, 4, 8, 2, 16, dtype=torch.bfloat16)
-    assert _tma_ready(q, torch.randn(1, 2, 8, 8, dtype=torch.bfloat16))
-    assert not _tma_ready(q, torch.randn(1, 2, 8, 9, dtype=torch.bfloat16)[..., :8])        # rows 18 bytes apart
-    assert not _tma_ready(q.transpose(-1, -2).contiguous().transpose(-1, -2))               # d not contiguous
-    assert not _tma_ready(torch.randn(1, 4, 8, 2, 17, dtype=torch.bfloat16)[..., :16])
-
-
 def test_launch_config_takes_keywords_only():
     with pytest.raises(TypeError):
         LaunchConfig(32, 32)
