@@ -5,6 +5,7 @@ on the GPU machine; its table is copied into mini_of3/kernels/NOTES.md with the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections import defaultdict
 from dataclasses import replace
 
@@ -50,20 +51,20 @@ def fwd_bwd(leaves, mask, do):
     return torch.autograd.grad(triangle_attention(q, k, v, bias, mask), leaves, do)
 
 
-def kernel_times(config: LaunchConfig, choice: Algorithm, n, d, heads, iters=10, **kw):
-    """Device ms per call by kernel, and the last call's gradients (for bitwise comparisons across variants)."""
-    layout = kw.pop("layout", None)
+def kernel_times(config: LaunchConfig | None, choice: Algorithm, n, d, heads, iters=10, layout=None,
+                 **kw) -> dict[str, float]:
+    """Device ms per call by kernel with these fixed tiles (None: autotuned, as the model runs) on the separate
+    inputs of ``inputs`` or, given a ``layout`` ("model", "model_t"), the model's."""
     leaves, mask, do = model_inputs(n, d, heads, transposed=layout == "model_t") if layout else \
         inputs(n, d, heads, **kw)
-    with launch_config(config), algorithm(choice):
+    with launch_config(config) if config else contextlib.nullcontext(), algorithm(choice):
         by_kernel, wall = device_ms_by_kernel(lambda r: fwd_bwd(leaves, mask, do), iters=iters)
-        grads = fwd_bwd(leaves, mask, do)
     times = defaultdict(float)
     for key, (ms, _count) in by_kernel.items():
         name = next((k for k in KERNELS if key.startswith(k)), None)
         times[name or "other"] += ms   # ms per call
     times["wall"] = wall
-    return dict(times), grads
+    return dict(times)
 
 
 def main():
@@ -79,15 +80,10 @@ def main():
                              "ms and the autotuner's choices")
     args = parser.parse_args()
     base = default_config(args.d)
-    if args.autotuned:
+    if args.autotuned:   # the warm-up calls of device_ms_by_kernel run the autotuner
         for layout in ("model", "model_t"):
-            leaves, mask, do = model_inputs(args.n, args.d, args.heads, transposed=layout == "model_t")
-            with algorithm(split_ds=False):
-                fwd_bwd(leaves, mask, do)                                  # autotunes each kernel once
-                by_kernel, wall = device_ms_by_kernel(lambda r: fwd_bwd(leaves, mask, do), iters=10)
-            times = {name: round(sum(ms for key, (ms, _) in by_kernel.items() if key.startswith(name)), 3)
-                     for name in KERNELS}
-            print(f"{layout} autotuned: {times} device {sum(times.values()):.3f} wall {wall:.3f}", flush=True)
+            t = kernel_times(None, Algorithm(split_ds=False), args.n, args.d, args.heads, layout=layout)
+            print(f"{layout} autotuned", {k: round(v, 3) for k, v in t.items()}, flush=True)
         for name, chosen in autotuned_configs().items():
             print(name, chosen)
         return
@@ -128,20 +124,14 @@ def main():
     }
     if args.only:
         variants = {name: v for name, v in variants.items() if name in args.only.split(",")}
-    rows, first_grads = [], {}
+    rows = []
     for name, (config, choice, kw) in list(variants.items())[:3 if args.quick else None]:
-        layout = kw.get("layout")
         try:
-            t, grads = kernel_times(config, choice, args.n, args.d, args.heads, **dict(kw))
+            t = kernel_times(config, choice, args.n, args.d, args.heads, **kw)
         except Exception as err:
             print(f"{name}: {type(err).__name__}: {str(err)[:300]}", flush=True)
             continue
         rows.append((name, t))
-        if layout and layout in first_grads:   # same inputs and algorithm: the same bits whatever the tiles' loads
-            same = [torch.equal(a, b) for a, b in zip(first_grads[layout], grads)]
-            t["bitwise"] = float(all(same)) if config.fwd_block_j == base.fwd_block_j else float("nan")
-        elif layout:
-            first_grads[layout] = grads
         print(name, {k: round(v, 3) for k, v in t.items()}, flush=True)
     print(f"\nN={args.n} D={args.d} H={args.heads}: device ms per fwd+bwd call (torch.profiler)")
     cols = list(KERNELS) + ["other"]
