@@ -34,6 +34,7 @@ from mini_of3.kernels.launch import _dkdv_configs, _dq_configs, _fwd_configs  # 
 
 TARGET = GPUTarget("cuda", 90, 32)
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+DIVISIBLE = ("N", "NN", "AB_PART")   # the pair counts of N a multiple of 16 (every crop size), as the JIT sees them
 UNIT_STRIDES = ("sq_d", "sk_d", "sv_d", "so_d", "sd_d", "sg_d", "sb_k", "sm_k", "so_k")
 POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", BIAS="*fp32", KEY_BIAS="*i1", O="*bf16", LSE="*fp32", DO="*bf16",
                 DELTA="*fp32", DELTA0="*fp32", G="*bf16", DQ="*bf16", DK="*bf16", DV="*bf16", DBIAS="*fp32",
@@ -57,7 +58,7 @@ def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, maxnre
             signature[name] = "constexpr"
             continue
         signature[name] = POINTERS.get(name, "fp32" if name == "scale" else "i32")
-        if name in POINTERS or name.startswith("s"):
+        if name in POINTERS or name.startswith("s") or name in DIVISIBLE:
             attrs[(idx,)] = [["tt.divisibility", 16]]
     options = {"num_warps": num_warps, "num_stages": num_stages, **({"maxnreg": maxnreg} if maxnreg else {})}
     return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs), target=TARGET,

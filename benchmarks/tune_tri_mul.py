@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -26,18 +27,19 @@ T = importlib.import_module("mini_of3.kernels.triangle_multiplication")   # the 
 
 KERNELS = {   # kernel -> (the pass it runs in, candidate tiles: its TriMulTiles fields)
     "proj_fwd": ("fwd", [dict(proj_fwd_m=m, proj_fwd_hc=hc, proj_fwd_warps=w, proj_fwd_stages=s)
-                         for m, hc, w, s in [(64, 64, 8, 3), (64, 64, 4, 3), (64, 128, 8, 3), (64, 32, 4, 3),
-                                             (128, 32, 8, 3), (128, 64, 8, 3), (128, 64, 8, 1), (128, 128, 8, 3),
-                                             (128, 64, 4, 3), (128, 32, 4, 3), (256, 32, 8, 3), (256, 64, 8, 3),
-                                             (128, 64, 16, 3), (256, 64, 16, 3)]]),
-    "out_fwd": ("fwd", [dict(out_fwd_p=p, out_fwd_warps=w)
-                        for p, w in [(64, 4), (32, 4), (64, 8), (128, 4), (128, 8), (256, 8), (256, 16)]]),
-    "out_bwd": ("bwd", [dict(out_bwd_p=p, out_bwd_warps=w)
-                        for p, w in [(64, 4), (32, 4), (64, 8), (128, 4), (128, 8), (256, 8), (256, 16)]]),
+                         for m, hc, w, s in [(64, 32, 4, 3), (64, 64, 4, 3), (64, 64, 8, 3), (128, 32, 8, 3),
+                                             (128, 64, 8, 3), (128, 32, 4, 3)]]),
+    "out_fwd": ("fwd", [dict(out_fwd_p=p, out_fwd_warps=w, out_fwd_stages=s, out_fwd_per_sm=ps)
+                        for p, w, s, ps in [(64, 4, 1, 0), (64, 8, 1, 0), (64, 8, 2, 2), (64, 8, 2, 1), (64, 8, 1, 2),
+                                            (64, 8, 3, 1), (64, 4, 2, 2), (128, 8, 2, 1), (32, 4, 2, 4)]]),
+    "out_bwd": ("bwd", [dict(out_bwd_p=p, out_bwd_chunk=cc, out_bwd_warps=w, out_bwd_stages=s, out_bwd_per_sm=ps)
+                        for p, cc, w, s, ps in [(64, 128, 8, 1, 0), (64, 128, 8, 2, 1), (64, 64, 8, 2, 1),
+                                                (64, 128, 8, 1, 1), (64, 128, 8, 3, 1), (64, 64, 8, 3, 1),
+                                                (64, 64, 4, 2, 2), (128, 64, 8, 2, 1), (32, 128, 4, 2, 2),
+                                                (64, 128, 8, 2, 2)]]),
     "proj_bwd": ("bwd", [dict(proj_bwd_m=m, proj_bwd_hc=hc, proj_bwd_warps=w, proj_bwd_stages=s)
-                         for m, hc, w, s in [(64, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3), (64, 32, 8, 3),
-                                             (64, 128, 8, 3), (128, 32, 8, 3), (128, 64, 8, 3), (128, 64, 8, 1),
-                                             (128, 32, 4, 3), (128, 64, 16, 3), (256, 32, 8, 3), (256, 32, 16, 3)]]),
+                         for m, hc, w, s in [(128, 32, 8, 3), (64, 32, 4, 3), (64, 32, 8, 3), (64, 32, 8, 2),
+                                             (128, 32, 8, 2), (128, 64, 8, 3), (64, 64, 8, 3), (64, 64, 4, 3)]]),
 }
 
 
@@ -95,8 +97,9 @@ def sweep(n: int, device) -> tuple[list[dict], dict]:
     return rows, best
 
 
-def compare(n: int, best: dict, device) -> dict:
-    """The best tiles of every kernel together against the defaults: fwd and fwd+bwd ms, bitwise over 5 repeats."""
+def compare(n: int, best: dict, device, before=None) -> dict:
+    """The best tiles of every kernel together against the defaults: fwd and fwd+bwd ms, bitwise over 5 repeats;
+    with ``before`` (an earlier commit's module, ``--before``) its defaults too, in the same process."""
     sets, weights = setup(n, device)
     tiles = {k: v for row in best.values() for k, v in row["tiles"].items()}
 
@@ -106,6 +109,20 @@ def compare(n: int, best: dict, device) -> dict:
         run_bwd(dout, z, mask, weights, res)
 
     result = {"N": n, "best_tiles": tiles}
+    if before is not None:
+        global T
+        ours, T = T, before
+        try:
+            result["before_fwd_ms"] = median_ms(lambda r: run_fwd(sets[r][0], sets[r][1], weights), warmup=3,
+                                                reps=20, rotate=3)
+            result["before_fwdbwd_ms"] = median_ms(fwdbwd, warmup=3, reps=20, rotate=3)
+            result["before_bwd_ms"] = time_pass("bwd", sets, weights)
+            z, mask, dout = sets[0]
+            result["before_max_err_to_ours"] = max(rel_err(a, b) for a, b in zip(
+                outputs(z, mask, dout, weights), _with(ours, outputs, z, mask, dout, weights)))
+        finally:
+            T = ours
+        result["default_bwd_ms"] = time_pass("bwd", sets, weights)
     for name, ctx in (("default", {}), ("best", tiles)):
         with T.tri_mul_tiles(**ctx):
             result[f"{name}_fwd_ms"] = median_ms(lambda r: run_fwd(sets[r][0], sets[r][1], weights), warmup=3,
@@ -119,20 +136,41 @@ def compare(n: int, best: dict, device) -> dict:
     return result
 
 
+def _with(module, fn, *args):
+    """fn(*args) with ``module`` as the triangle multiplication module."""
+    global T
+    saved, T = T, module
+    try:
+        return fn(*args)
+    finally:
+        T = saved
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ns", default="768,384")
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--before", action="store_true",
+                        help="also time the module of an earlier commit, written by `python "
+                             "benchmarks/kernels_before_after.py --extract COMMIT` (carry .device)")
     args = parser.parse_args()
     device = torch.device("cuda")
+    before = None
+    if args.before:
+        sys.path.insert(0, ".device/old")
+        before = importlib.import_module("old_kernels.triangle_multiplication")
     result = result_header("tune_tri_mul", prog="python benchmarks/tune_tri_mul.py")
     result["summary"] = []
     for n in (int(x) for x in args.ns.split(",")):
         rows, best = sweep(n, device)
         result["rows"] += rows
-        result["summary"].append(compare(n, best, device))
+        result["summary"].append(compare(n, best, device, before))
         write_json(result, Path(args.out) / "tune_tri_mul.json")
     for s in result["summary"]:
+        if "before_fwdbwd_ms" in s:
+            print(f"N={s['N']}: before fwd {s['before_fwd_ms']:.3f} bwd {s['before_bwd_ms']:.3f} fwd+bwd "
+                  f"{s['before_fwdbwd_ms']:.3f}; ours bwd {s['default_bwd_ms']:.3f}; max rel diff "
+                  f"{s['before_max_err_to_ours']:.1e}")
         print(f"N={s['N']}: default fwd {s['default_fwd_ms']:.3f} fwd+bwd {s['default_fwdbwd_ms']:.3f} "
               f"(bitwise {s['default_bitwise']}); best fwd {s['best_fwd_ms']:.3f} fwd+bwd {s['best_fwdbwd_ms']:.3f} "
               f"(bitwise {s['best_bitwise']}); tiles {s['best_tiles']}")

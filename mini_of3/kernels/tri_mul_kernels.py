@@ -117,33 +117,43 @@ def _t_tile(T, b, rows, in_rows, offs_h, in_h, NN, H: tl.constexpr):
 
 
 @triton.jit
-def _tri_mul_out_fwd(T, LN_W, LN_B, W_PO, GPRE, OUT, MEAN, RSTD, NN, eps,
+def _tile_rows(tile, tiles_per_b, NN, BLOCK_P: tl.constexpr):
+    """Batch element, pairs and their bounds of tile ``tile`` of a persistent program (tiles of one b in order)."""
+    b = (tile // tiles_per_b).to(tl.int64)
+    rows = (tile % tiles_per_b) * BLOCK_P + tl.arange(0, BLOCK_P)
+    return b, rows, rows < NN
+
+
+@triton.jit
+def _tri_mul_out_fwd(T, LN_W, LN_B, W_PO, GPRE, OUT, MEAN, RSTD, NN, n_tiles, eps,
              C: tl.constexpr, H: tl.constexpr, DOT_PREC: tl.constexpr,
              BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr):
-    """AF3 SI Alg 12/13 lines 4-5 for BLOCK_P pairs: out = sigmoid(g) * (LayerNorm_h(t) p_out^T), pair-major."""
-    pid = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
+    """AF3 SI Alg 12/13 lines 4-5 for BLOCK_P pairs: out = sigmoid(g) * (LayerNorm_h(t) p_out^T), pair-major.
+    Persistent: program p takes the tiles p, p + programs, ... of all n_tiles (B * cdiv(NN, BLOCK_P)); the loop's
+    pipeline stages load the next tiles while one is computed, and p_out stays loaded."""
     cdt = W_PO.dtype.element_ty
-    rows = pid * BLOCK_P + tl.arange(0, BLOCK_P)
-    in_rows = rows < NN
     offs_h = tl.arange(0, BLOCK_H)
     in_h = offs_h < H
     offs_c = tl.arange(0, BLOCK_C)
     in_c = offs_c < C
-    t = _t_tile(T, b, rows, in_rows, offs_h, in_h, NN, H)                         # [BP, BH]
-    mean = tl.sum(t, axis=1) / H
-    tc = tl.where(in_h[None, :], t - mean[:, None], 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(tc * tc, axis=1) / H + eps)
     w = tl.load(LN_W + offs_h, mask=in_h, other=0.0)
     beta = tl.load(LN_B + offs_h, mask=in_h, other=0.0)
-    ta = tc * rstd[:, None] * w[None, :] + beta[None, :]
-    y = _dot(ta.to(cdt), _weight_t(W_PO, offs_c, in_c, offs_h, in_h, H), DOT_PREC)   # [BP, BC]
-    io = (b * NN + rows)[:, None] * C + offs_c[None, :]
-    io_mask = in_rows[:, None] & in_c[None, :]
-    g = tl.load(GPRE + io, mask=io_mask, other=0.0).to(tl.float32)
-    tl.store(OUT + io, (tl.sigmoid(g) * y).to(OUT.dtype.element_ty), mask=io_mask)
-    tl.store(MEAN + b * NN + rows, mean, mask=in_rows)
-    tl.store(RSTD + b * NN + rows, rstd, mask=in_rows)
+    w_po_t = _weight_t(W_PO, offs_c, in_c, offs_h, in_h, H)                      # [BH, BC] = p_out^T
+    tiles_per_b = tl.cdiv(NN, BLOCK_P)
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        b, rows, in_rows = _tile_rows(tile, tiles_per_b, NN, BLOCK_P)
+        t = _t_tile(T, b, rows, in_rows, offs_h, in_h, NN, H)                     # [BP, BH]
+        mean = tl.sum(t, axis=1) / H
+        tc = tl.where(in_h[None, :], t - mean[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(tc * tc, axis=1) / H + eps)
+        ta = tc * rstd[:, None] * w[None, :] + beta[None, :]
+        y = _dot(ta.to(cdt), w_po_t, DOT_PREC)                                    # [BP, BC]
+        io = (b * NN + rows)[:, None] * C + offs_c[None, :]
+        io_mask = in_rows[:, None] & in_c[None, :]
+        g = tl.load(GPRE + io, mask=io_mask, other=0.0).to(tl.float32)
+        tl.store(OUT + io, (tl.sigmoid(g) * y).to(OUT.dtype.element_ty), mask=io_mask)
+        tl.store(MEAN + b * NN + rows, mean, mask=in_rows)
+        tl.store(RSTD + b * NN + rows, rstd, mask=in_rows)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -152,49 +162,64 @@ def _tri_mul_out_fwd(T, LN_W, LN_B, W_PO, GPRE, OUT, MEAN, RSTD, NN, eps,
 
 @triton.jit
 def _tri_mul_out_bwd(T, LN_W, LN_B, W_PO, GPRE, DOUT, MEAN, RSTD, DT, TA, DY, DPG, PART,
-             sd_b, sd_i, sd_j, sd_c, N, NN,
+             sd_b, sd_i, sd_j, sd_c, N, NN, n_tiles,
              C: tl.constexpr, H: tl.constexpr, DOT_PREC: tl.constexpr,
-             BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr):
+             BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, CHUNK_C: tl.constexpr):
     """The backward of _tri_mul_out_fwd for BLOCK_P pairs: d(g pre-activation) channels-first into the last C rows
     of DPG [B, 4 h + C, NN], dy = dout * sigmoid(g) and the affine LayerNorm output ta (operands of the weight
-    GEMMs), dt channels-first, partials of the norm_out gradients."""
+    GEMMs), dt channels-first; per program, the partial sums of the norm_out gradients over its tiles. Persistent as
+    _tri_mul_out_fwd; the output channels in chunks of CHUNK_C (registers)."""
     pid = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
     cdt = W_PO.dtype.element_ty
-    rows = pid * BLOCK_P + tl.arange(0, BLOCK_P)
-    in_rows = rows < NN
     offs_h = tl.arange(0, BLOCK_H)
     in_h = offs_h < H
-    offs_c = tl.arange(0, BLOCK_C)
-    in_c = offs_c < C
-    t = _t_tile(T, b, rows, in_rows, offs_h, in_h, NN, H)                         # [BP, BH]
-    mean = tl.load(MEAN + b * NN + rows, mask=in_rows, other=0.0)
-    rstd = tl.load(RSTD + b * NN + rows, mask=in_rows, other=0.0)
-    tn = tl.where(in_h[None, :], (t - mean[:, None]) * rstd[:, None], 0.0)
     w = tl.load(LN_W + offs_h, mask=in_h, other=0.0)
     beta = tl.load(LN_B + offs_h, mask=in_h, other=0.0)
-    ta = (tn * w[None, :] + beta[None, :]).to(cdt)                                 # [BP, BH]
-    w_po_t = _weight_t(W_PO, offs_c, in_c, offs_h, in_h, H)                        # [BH, BC] = p_out^T
-    y = _dot(ta, w_po_t, DOT_PREC)                                                 # [BP, BC]
-    io = (b * NN + rows)[:, None] * C + offs_c[None, :]
-    io_mask = in_rows[:, None] & in_c[None, :]
-    g = tl.sigmoid(tl.load(GPRE + io, mask=io_mask, other=0.0).to(tl.float32))
-    dout_ptrs = DOUT + b * sd_b + _pair_offsets(rows, N, sd_i, sd_j)[:, None] + offs_c[None, :] * sd_c
-    dout = tl.load(dout_ptrs, mask=io_mask, other=0.0).to(tl.float32)
-    dy = (dout * g).to(cdt)
-    dgpre_ptrs = DPG + b * (4 * H + C) * NN + (4 * H + offs_c)[None, :] * NN + rows[:, None]
-    tl.store(dgpre_ptrs, (dout * y * g * (1.0 - g)).to(cdt), mask=io_mask)
-    tl.store(DY + io, dy, mask=io_mask)
-    tl.store(TA + (b * H + offs_h)[None, :] * NN + rows[:, None], ta, mask=in_rows[:, None] & in_h[None, :])
-    dta = _dot(dy, tl.trans(w_po_t), DOT_PREC)                                     # [BP, BH]
-    part = PART + (b * tl.num_programs(0) + pid) * 2 * BLOCK_H + offs_h
-    tl.store(part, tl.sum(dta * tn, axis=0))                                       # norm_out weight
-    tl.store(part + BLOCK_H, tl.sum(dta, axis=0))                                  # norm_out bias
-    dtn = dta * w[None, :]
-    mean_dtn = tl.sum(dtn, axis=1) / H
-    mean_dtn_tn = tl.sum(dtn * tn, axis=1) / H
-    dt = rstd[:, None] * (dtn - mean_dtn[:, None] - tn * mean_dtn_tn[:, None])
-    tl.store(DT + (b * H + offs_h)[None, :] * NN + rows[:, None], dt.to(cdt), mask=in_rows[:, None] & in_h[None, :])
+    d_ln_w = tl.zeros([BLOCK_H], dtype=tl.float32)
+    d_ln_b = tl.zeros([BLOCK_H], dtype=tl.float32)
+    tiles_per_b = tl.cdiv(NN, BLOCK_P)
+    for tile in tl.range(pid, n_tiles, tl.num_programs(0)):
+        b, rows, in_rows = _tile_rows(tile, tiles_per_b, NN, BLOCK_P)
+        t = _t_tile(T, b, rows, in_rows, offs_h, in_h, NN, H)                     # [BP, BH]
+        mean = tl.load(MEAN + b * NN + rows, mask=in_rows, other=0.0)
+        rstd = tl.load(RSTD + b * NN + rows, mask=in_rows, other=0.0)
+        tn = tl.where(in_h[None, :], (t - mean[:, None]) * rstd[:, None], 0.0)
+        ta = (tn * w[None, :] + beta[None, :]).to(cdt)                             # [BP, BH]
+        tl.store(TA + (b * H + offs_h)[None, :] * NN + rows[:, None], ta, mask=in_rows[:, None] & in_h[None, :])
+        dta = tl.zeros([BLOCK_P, BLOCK_H], dtype=tl.float32)
+        for c0 in tl.static_range(0, BLOCK_C, CHUNK_C):
+            offs_c = c0 + tl.arange(0, CHUNK_C)
+            in_c = offs_c < C
+            w_po_t = _weight_t(W_PO, offs_c, in_c, offs_h, in_h, H)                # [BH, CC] = p_out^T
+            y = _dot(ta, w_po_t, DOT_PREC)                                         # [BP, CC]
+            io = (b * NN + rows)[:, None] * C + offs_c[None, :]
+            io_mask = in_rows[:, None] & in_c[None, :]
+            g = tl.sigmoid(tl.load(GPRE + io, mask=io_mask, other=0.0).to(tl.float32))
+            dout_ptrs = DOUT + b * sd_b + _pair_offsets(rows, N, sd_i, sd_j)[:, None] + offs_c[None, :] * sd_c
+            dout = tl.load(dout_ptrs, mask=io_mask, other=0.0).to(tl.float32)
+            dy = (dout * g).to(cdt)
+            dgpre_ptrs = DPG + b * (4 * H + C) * NN + (4 * H + offs_c)[None, :] * NN + rows[:, None]
+            tl.store(dgpre_ptrs, (dout * y * g * (1.0 - g)).to(cdt), mask=io_mask)
+            tl.store(DY + io, dy, mask=io_mask)
+            dta = _dot(dy, tl.trans(w_po_t), DOT_PREC, acc=dta)                    # [BP, BH]
+        d_ln_w += tl.sum(dta * tn, axis=0)                                         # norm_out weight
+        d_ln_b += tl.sum(dta, axis=0)                                              # norm_out bias
+        dtn = dta * w[None, :]
+        mean_dtn = tl.sum(dtn, axis=1) / H
+        mean_dtn_tn = tl.sum(dtn * tn, axis=1) / H
+        dt = rstd[:, None] * (dtn - mean_dtn[:, None] - tn * mean_dtn_tn[:, None])
+        tl.store(DT + (b * H + offs_h)[None, :] * NN + rows[:, None], dt.to(cdt),
+                 mask=in_rows[:, None] & in_h[None, :])
+    part = PART + pid * 2 * BLOCK_H + offs_h
+    tl.store(part, d_ln_w)
+    tl.store(part + BLOCK_H, d_ln_b)
+
+
+@triton.jit
+def _xhat(z_ptrs, mean, rstd, in_rows, in_c):
+    """The normalised z [BM, BC] (float32, 0 outside) from its pointers and LayerNorm statistics."""
+    z = tl.load(z_ptrs, mask=in_rows[:, None] & in_c[None, :], other=0.0).to(tl.float32)
+    return tl.where(in_c[None, :], (z - mean[:, None]) * rstd[:, None], 0.0)
 
 
 @triton.jit
@@ -212,14 +237,12 @@ def _tri_mul_proj_bwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, DAB, MEAN, RSTD, DZ, 
     in_rows = rows < NN
     offs_c = tl.arange(0, BLOCK_C)
     in_c = offs_c < C
-    ptrs = Z + b * sz_b + _pair_offsets(rows, N, sz_i, sz_j)[:, None] + offs_c[None, :] * sz_c
-    z = tl.load(ptrs, mask=in_rows[:, None] & in_c[None, :], other=0.0).to(tl.float32)
+    z_ptrs = Z + b * sz_b + _pair_offsets(rows, N, sz_i, sz_j)[:, None] + offs_c[None, :] * sz_c
     mean = tl.load(MEAN + b * NN + rows, mask=in_rows, other=0.0)
     rstd = tl.load(RSTD + b * NN + rows, mask=in_rows, other=0.0)
-    xhat = tl.where(in_c[None, :], (z - mean[:, None]) * rstd[:, None], 0.0)      # [BM, BC]
     w = tl.load(LN_W + offs_c, mask=in_c, other=0.0)
     beta = tl.load(LN_B + offs_c, mask=in_c, other=0.0)
-    x = (xhat * w[None, :] + beta[None, :]).to(cdt)
+    x = (_xhat(z_ptrs, mean, rstd, in_rows, in_c) * w[None, :] + beta[None, :]).to(cdt)     # [BM, BC]
     io = (b * NN + rows)[:, None] * C + offs_c[None, :]
     io_mask = in_rows[:, None] & in_c[None, :]
     tl.store(X + io, x, mask=io_mask)
@@ -245,6 +268,7 @@ def _tri_mul_proj_bwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, DAB, MEAN, RSTD, DZ, 
             tl.store(dpg_b + (2 * H + part * H + ch)[None, :] * NN + rows[:, None], dg, mask=cf_mask)
             dx = _dot(dp, tl.trans(w_p_t), DOT_PREC, acc=dx)
             dx = _dot(dg, tl.trans(w_g_t), DOT_PREC, acc=dx)
+    xhat = _xhat(z_ptrs, mean, rstd, in_rows, in_c)            # z read again (from L2): fewer live registers
     part_ptr = PART + (b * tl.num_programs(0) + pid) * 2 * BLOCK_C + offs_c
     tl.store(part_ptr, tl.sum(dx * xhat, axis=0))                                  # norm_in weight
     tl.store(part_ptr + BLOCK_C, tl.sum(dx, axis=0))                               # norm_in bias

@@ -24,6 +24,7 @@ all gradients repeat bitwise for a given device.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -110,8 +111,10 @@ def _resolve_backend(backend: str, z: torch.Tensor, hidden: int) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class TriMulTiles:
-    """Launch tiles of the four Triton kernels, in launch order: pairs per program (``*_m``, ``*_p``), hidden
-    channels per chunk of the projection kernels (``*_hc``), warps and pipeline stages per program. The defaults
+    """Launch tiles of the four Triton kernels, in launch order: pairs per program (``*_m``) or per tile of a
+    persistent program (``*_p``), hidden channels per chunk of the projection kernels (``*_hc``), output channels
+    per chunk (``out_bwd_chunk``), warps and pipeline stages per program, persistent programs per SM (``*_per_sm``;
+    0: one program per tile). The defaults
     are the fastest of the sweep on the H200 (C = h = 128, bf16; ``benchmarks/tune_tri_mul.py``,
     tune_tri_mul_9f4fc3f.json): forward + backward 3.97 ms at N = 768 (5.23 with the first tiles), 1.22 at 384."""
     proj_fwd_m: int = 64
@@ -119,9 +122,14 @@ class TriMulTiles:
     proj_fwd_warps: int = 4
     proj_fwd_stages: int = 3
     out_fwd_p: int = 64
-    out_fwd_warps: int = 4
+    out_fwd_warps: int = 8
+    out_fwd_stages: int = 2
+    out_fwd_per_sm: int = 2
     out_bwd_p: int = 64
+    out_bwd_chunk: int = 128
     out_bwd_warps: int = 8
+    out_bwd_stages: int = 2
+    out_bwd_per_sm: int = 1
     proj_bwd_m: int = 128
     proj_bwd_hc: int = 32
     proj_bwd_warps: int = 8
@@ -139,19 +147,35 @@ def _tiles(C: int, hidden: int) -> TriMulTiles:
     whole), with any ``tri_mul_tiles`` override on top."""
     if interpreting():
         tiles = TriMulTiles(proj_fwd_m=32, proj_fwd_hc=16, proj_fwd_warps=4, proj_fwd_stages=1, out_fwd_p=32,
-                            out_bwd_p=32, out_bwd_warps=4, proj_bwd_m=32, proj_bwd_hc=16, proj_bwd_warps=4,
-                            proj_bwd_stages=1)
+                            out_bwd_p=32, out_bwd_chunk=16, out_bwd_warps=4, proj_bwd_m=32, proj_bwd_hc=16,
+                            proj_bwd_warps=4, proj_bwd_stages=1)
     elif hidden > 128:
         tiles = TriMulTiles(out_fwd_p=32, out_bwd_p=32)
     else:
         tiles = TriMulTiles()
     tiles = tri_mul_tiles.apply(tiles)
-    hc = _pow2(hidden)
-    return replace(tiles, proj_fwd_hc=min(tiles.proj_fwd_hc, hc), proj_bwd_hc=min(tiles.proj_bwd_hc, hc))
+    hc, c = _pow2(hidden), _pow2(C)
+    return replace(tiles, proj_fwd_hc=min(tiles.proj_fwd_hc, hc), proj_bwd_hc=min(tiles.proj_bwd_hc, hc),
+                   out_bwd_chunk=min(tiles.out_bwd_chunk, c))
 
 
 def _pow2(n: int) -> int:
     return triton.next_power_of_2(n)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _programs(n_tiles: int, per_sm: int, device: torch.device) -> int:
+    """Programs of a persistent kernel over ``n_tiles`` tiles: ``per_sm`` per SM (0: one per tile); two under the
+    interpreter, so that the tests' programs take several tiles each."""
+    if interpreting():
+        return min(n_tiles, 2)
+    if per_sm == 0:
+        return n_tiles
+    return min(n_tiles, per_sm * _sm_count(device))
 
 
 def forward(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out, outgoing: bool, eps: float,
@@ -181,11 +205,12 @@ def forward(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_
     t = torch.matmul(a, b.mT) if outgoing else torch.matmul(a.mT, b)     # [B * h, N(i), N(j)]
     out = _new((B, N, N, C), out_dtype, dev)
     stats_out = _new((2, B, NN), torch.float32, dev)
+    n_tiles = B * triton.cdiv(NN, tiles.out_fwd_p)
     launch(
-        K._tri_mul_out_fwd, (triton.cdiv(NN, tiles.out_fwd_p), B),
+        K._tri_mul_out_fwd, (_programs(n_tiles, tiles.out_fwd_per_sm, dev),),
         t, ln_out_w.float().contiguous(), ln_out_b.float().contiguous(), w_po, gpre, out, stats_out[0], stats_out[1],
-        NN, eps, C=C, H=h, DOT_PREC=_dot_precision(cdt), BLOCK_P=tiles.out_fwd_p, BLOCK_C=_pow2(C),
-        BLOCK_H=_pow2(h), num_warps=tiles.out_fwd_warps)
+        NN, n_tiles, eps, C=C, H=h, DOT_PREC=_dot_precision(cdt), BLOCK_P=tiles.out_fwd_p, BLOCK_C=_pow2(C),
+        BLOCK_H=_pow2(h), num_warps=tiles.out_fwd_warps, num_stages=tiles.out_fwd_stages)
     return out, ab, t, gpre, stats_in, stats_out, w_in, w_po
 
 
@@ -218,13 +243,15 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
     # the input side's weight-gradient operand: d(p_in, g_in) in rows 0..4h-1 (written by _tri_mul_proj_bwd),
     # d(g_out pre-activation) in the last C rows (written here), so one GEMM gives all three weight gradients
     dpg = _new((B, 4 * h + C, NN), cdt, dev)
-    grid_p = (triton.cdiv(NN, tiles.out_bwd_p), B)
-    part_out = _new((grid_p[0] * B, 2, _pow2(h)), torch.float32, dev)
+    n_tiles = B * triton.cdiv(NN, tiles.out_bwd_p)
+    programs = _programs(n_tiles, tiles.out_bwd_per_sm, dev)
+    part_out = _new((programs, 2, _pow2(h)), torch.float32, dev)
     launch(
-        K._tri_mul_out_bwd, grid_p,
+        K._tri_mul_out_bwd, (programs,),
         t, ln_out_w.float().contiguous(), ln_out_b.float().contiguous(), w_po, gpre, dout, stats_out[0], stats_out[1],
-        dt, ta, dy, dpg, part_out, *dout.stride(), N, NN, C=C, H=h, DOT_PREC=prec, BLOCK_P=tiles.out_bwd_p,
-        BLOCK_C=_pow2(C), BLOCK_H=_pow2(h), num_warps=tiles.out_bwd_warps)
+        dt, ta, dy, dpg, part_out, *dout.stride(), N, NN, n_tiles, C=C, H=h, DOT_PREC=prec,
+        BLOCK_P=tiles.out_bwd_p, BLOCK_C=_pow2(C), BLOCK_H=_pow2(h), CHUNK_C=tiles.out_bwd_chunk,
+        num_warps=tiles.out_bwd_warps, num_stages=tiles.out_bwd_stages)
     d_ln_out = part_out.sum(0)                                                   # [2, pow2(h)]
     d_p_out = _weight_grad(dy.mT, ta.mT, p_out.dtype)                            # [C, h]
     del dy, ta
