@@ -296,6 +296,17 @@ def _num_sms(device: torch.device) -> int:
     return 4
 
 
+def pow2(n: int) -> int:
+    """The next power of two >= n (n >= 1): triton.next_power_of_2 in plain Python; Triton's (3.9) is a constexpr
+    function whose wrapper costs the host microseconds per call, a dozen calls in every forward and backward."""
+    return 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for launch grids: triton.cdiv in plain Python (see pow2)."""
+    return -(-a // b)
+
+
 def _new(shape, dtype, device) -> torch.Tensor:
     """Output allocation; MINI_OF3_POISON=1 (debugging, the tests) fills it with NaN, so that a test sees any element
     a kernel did not write."""
@@ -355,7 +366,7 @@ def forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: boo
                  DOT_PREC=_dot_precision(q.dtype), BLOCK_D=D, GATED=gate is not None)
     fixed = triton.Config({"BLOCK_J": config.fwd_block_j, "BLOCK_K": config.fwd_block_k},
                           num_warps=config.fwd_warps, num_stages=config.fwd_stages)
-    _launch("fwd", K._fwd, _fwd_configs(D), fixed, lambda meta: (B * I * H * triton.cdiv(J, meta["BLOCK_J"]),),
+    _launch("fwd", K._fwd, _fwd_configs(D), fixed, lambda meta: (B * I * H * cdiv(J, meta["BLOCK_J"]),),
             args, _bucket(J), flags, ("GATED",))
     return o, lse
 
@@ -394,7 +405,7 @@ def backward(do, q, k, v, bias, key_bias, o, lse, sigmoid: bool, scale: float, s
         do_attn = _new(o.shape, o.dtype, device)
         delta0 = _new((B, H, I, J), torch.float32, device) if not sigmoid else delta
         block_j = 32 if interpreting() else 64
-        launch(K._gate_bwd, (B * I * H * triton.cdiv(J, block_j),),
+        launch(K._gate_bwd, (B * I * H * cdiv(J, block_j),),
             do, o, gate, grads[3], do_attn, delta0, *do.stride(), *o.stride(), *gate.stride(), *grads[3].stride(),
             I, J, H, SIGMOID=sigmoid, BLOCK_J=block_j, BLOCK_D=D, num_warps=4)
     dq_args = (q, k, v, bias, kb_arg, do_attn, o, lse, delta, dq, delta0,
@@ -405,7 +416,7 @@ def backward(do, q, k, v, bias, key_bias, o, lse, sigmoid: bool, scale: float, s
     flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, DOT_PREC=_dot_precision(q.dtype), BLOCK_D=D,
                  FAST_EXP=fast_exp)
     _launch("dq", K._bwd_dq, _dq_configs(D), dq_fixed,
-            lambda meta: (B * triton.cdiv(I, meta["ROWS"]) * H * triton.cdiv(J, meta["BLOCK_J"]),), dq_args,
+            lambda meta: (B * cdiv(I, meta["ROWS"]) * H * cdiv(J, meta["BLOCK_J"]),), dq_args,
             _bucket(J), dict(flags, SPLIT_DS=split_ds, GATED=gate is not None), ("SPLIT_DS", "GATED"))
 
     # the dbias and dK/dV kernels see the attention's own dO
@@ -438,7 +449,7 @@ def _dbias(common: tuple, strides: tuple, flags: dict, q: torch.Tensor, bias: to
         block_j = block_k = 64 if D <= 64 else 32
     else:
         block_j, block_k = config.dbias_block_j, config.dbias_block_k
-    tiles = B * H * triton.cdiv(J, block_j) * triton.cdiv(J, block_k)
+    tiles = B * H * cdiv(J, block_j) * cdiv(J, block_k)
     max_chunks = max(1, 2 * q.numel() * q.element_size() // (B * H * J * J * 4))
     chunks = config.dbias_chunks if (config.dbias_chunks and not _autotune_enabled()) else \
         max(1, min(I, max_chunks, math.ceil(16 * _num_sms(device) / tiles)))
@@ -452,5 +463,5 @@ def _dbias(common: tuple, strides: tuple, flags: dict, q: torch.Tensor, bias: to
             dict(flags, BLOCK_J=block_j, BLOCK_K=block_k))
     if chunks > 1:
         n = dbias.numel()
-        launch(K._sum_chunks, (triton.cdiv(n, 1024),), part, dbias, chunks, n, BLOCK=1024, num_warps=4)
+        launch(K._sum_chunks, (cdiv(n, 1024),), part, dbias, chunks, n, BLOCK=1024, num_warps=4)
     return dbias

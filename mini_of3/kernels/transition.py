@@ -20,10 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-import triton
 
 from mini_of3.kernels import transition_kernels as K
-from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, eager_function, stacked
+from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, cdiv, eager_function, pow2, stacked
 from mini_of3.kernels.launcher import interpreting, launch
 from mini_of3.kernels.reference import transition_reference
 from mini_of3.kernels.triangle_multiplication import _weight_grad
@@ -124,7 +123,7 @@ def _tiles(C: int, hidden: int) -> TransitionTiles:
     else:
         tiles = TransitionTiles()
     tiles = transition_tiles.apply(tiles)
-    hc = triton.next_power_of_2(hidden)
+    hc = pow2(hidden)
     return replace(tiles, fwd_hc=min(tiles.fwd_hc, hc), bwd_hc=min(tiles.bwd_hc, hc))
 
 
@@ -142,11 +141,11 @@ def forward(x, ln_w, ln_b, w_a, w_b, w_o, eps: float, compute_dtype: torch.dtype
     out = _new((M, C), out_dtype, dev)
     stats = _new((2, M) if store_stats else (2, 0), torch.float32, dev)
     launch(
-        K._transition_fwd, (triton.cdiv(M, tiles.fwd_m),),
+        K._transition_fwd, (cdiv(M, tiles.fwd_m),),
         rows, ln_w.float().contiguous(), ln_b.float().contiguous(), w_ab[:hid], w_ab[hid:], wo, out,
         stats[0] if store_stats else out, stats[1] if store_stats else out, M, eps,
         C=C, HID=hid, STORE_STATS=store_stats, DOT_PREC=_dot_precision(cdt), BLOCK_M=tiles.fwd_m,
-        BLOCK_C=triton.next_power_of_2(C), BLOCK_HC=tiles.fwd_hc, num_warps=tiles.fwd_warps,
+        BLOCK_C=pow2(C), BLOCK_HC=tiles.fwd_hc, num_warps=tiles.fwd_warps,
         num_stages=tiles.fwd_stages)
     return out.view(x.shape[:-1] + (C,)), stats, w_ab, wo
 
@@ -163,8 +162,8 @@ def backward(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, w_ab, wo, compute_dtype:
     hidden = _new((M, hid), cdt, dev)
     dab = _new((M, 2 * hid), cdt, dev)
     xn = _new((M, C), cdt, dev)
-    grid = (triton.cdiv(M, tiles.bwd_m),)
-    block_c = triton.next_power_of_2(C)
+    grid = (cdiv(M, tiles.bwd_m),)
+    block_c = pow2(C)
     part = _new((grid[0], 2, block_c), torch.float32, dev)
     launch(
         K._transition_bwd, grid,
@@ -217,7 +216,7 @@ def _bwd_op(dout: torch.Tensor, x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch
 @_bwd_op.register_fake
 def _bwd_fake(dout, x, ln_w, ln_b, w_a, w_b, w_o, stats, w_ab, wo, compute_dtype):
     C, f32 = x.shape[-1], torch.float32
-    return (x.new_empty(x.shape), x.new_empty((2, triton.next_power_of_2(C)), dtype=f32),
+    return (x.new_empty(x.shape), x.new_empty((2, pow2(C)), dtype=f32),
             x.new_empty((2 * w_a.shape[0], C), dtype=f32), w_o.new_empty(w_o.shape))
 
 

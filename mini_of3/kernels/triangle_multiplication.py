@@ -28,10 +28,9 @@ import functools
 from dataclasses import dataclass, replace
 
 import torch
-import triton
 
 from mini_of3.kernels import tri_mul_kernels as K
-from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, eager_function, stacked
+from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, cdiv, eager_function, pow2, stacked
 from mini_of3.kernels.launcher import interpreting, launch
 from mini_of3.kernels.reference import triangle_multiplication_reference
 
@@ -154,13 +153,9 @@ def _tiles(C: int, hidden: int) -> TriMulTiles:
     else:
         tiles = TriMulTiles()
     tiles = tri_mul_tiles.apply(tiles)
-    hc, c = _pow2(hidden), _pow2(C)
+    hc, c = pow2(hidden), pow2(C)
     return replace(tiles, proj_fwd_hc=min(tiles.proj_fwd_hc, hc), proj_bwd_hc=min(tiles.proj_bwd_hc, hc),
                    out_bwd_chunk=min(tiles.out_bwd_chunk, c))
-
-
-def _pow2(n: int) -> int:
-    return triton.next_power_of_2(n)
 
 
 @functools.cache
@@ -195,22 +190,22 @@ def forward(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_
     stats_in = _new((2, B, NN), torch.float32, dev)
     m_arg, m_strides = (mask, mask.stride()) if mask is not None else (z, (0, 0, 0))
     launch(
-        K._tri_mul_proj_fwd, (triton.cdiv(NN, tiles.proj_fwd_m), B),
+        K._tri_mul_proj_fwd, (cdiv(NN, tiles.proj_fwd_m), B),
         z, m_arg, ln_in_w.float().contiguous(), ln_in_b.float().contiguous(), w_p, w_g, w_go, ab, gpre, stats_in[0],
         stats_in[1], *z.stride(), *m_strides, N, NN, B * h * NN, eps,
         C=C, H=h, HAS_MASK=mask is not None, DOT_PREC=_dot_precision(cdt), BLOCK_M=tiles.proj_fwd_m,
-        BLOCK_C=_pow2(C), BLOCK_HC=tiles.proj_fwd_hc, num_warps=tiles.proj_fwd_warps,
+        BLOCK_C=pow2(C), BLOCK_HC=tiles.proj_fwd_hc, num_warps=tiles.proj_fwd_warps,
         num_stages=tiles.proj_fwd_stages)
     a, b = ab[0], ab[1]                                                   # [B * h, N, N] each
     t = torch.matmul(a, b.mT) if outgoing else torch.matmul(a.mT, b)     # [B * h, N(i), N(j)]
     out = _new((B, N, N, C), out_dtype, dev)
     stats_out = _new((2, B, NN), torch.float32, dev)
-    n_tiles = B * triton.cdiv(NN, tiles.out_fwd_p)
+    n_tiles = B * cdiv(NN, tiles.out_fwd_p)
     launch(
         K._tri_mul_out_fwd, (_programs(n_tiles, tiles.out_fwd_per_sm, dev),),
         t, ln_out_w.float().contiguous(), ln_out_b.float().contiguous(), w_po, gpre, out, stats_out[0], stats_out[1],
-        NN, n_tiles, eps, C=C, H=h, DOT_PREC=_dot_precision(cdt), BLOCK_P=tiles.out_fwd_p, BLOCK_C=_pow2(C),
-        BLOCK_H=_pow2(h), num_warps=tiles.out_fwd_warps, num_stages=tiles.out_fwd_stages)
+        NN, n_tiles, eps, C=C, H=h, DOT_PREC=_dot_precision(cdt), BLOCK_P=tiles.out_fwd_p, BLOCK_C=pow2(C),
+        BLOCK_H=pow2(h), num_warps=tiles.out_fwd_warps, num_stages=tiles.out_fwd_stages)
     return out, ab, t, gpre, stats_in, stats_out, w_in, w_po
 
 
@@ -243,14 +238,14 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
     # the input side's weight-gradient operand: d(p_in, g_in) in rows 0..4h-1 (written by _tri_mul_proj_bwd),
     # d(g_out pre-activation) in the last C rows (written here), so one GEMM gives all three weight gradients
     dpg = _new((B, 4 * h + C, NN), cdt, dev)
-    n_tiles = B * triton.cdiv(NN, tiles.out_bwd_p)
+    n_tiles = B * cdiv(NN, tiles.out_bwd_p)
     programs = _programs(n_tiles, tiles.out_bwd_per_sm, dev)
-    part_out = _new((programs, 2, _pow2(h)), torch.float32, dev)
+    part_out = _new((programs, 2, pow2(h)), torch.float32, dev)
     launch(
         K._tri_mul_out_bwd, (programs,),
         t, ln_out_w.float().contiguous(), ln_out_b.float().contiguous(), w_po, gpre, dout, stats_out[0], stats_out[1],
         dt, ta, dy, dpg, part_out, *dout.stride(), N, NN, n_tiles, C=C, H=h, DOT_PREC=prec,
-        BLOCK_P=tiles.out_bwd_p, BLOCK_C=_pow2(C), BLOCK_H=_pow2(h), CHUNK_C=tiles.out_bwd_chunk,
+        BLOCK_P=tiles.out_bwd_p, BLOCK_C=pow2(C), BLOCK_H=pow2(h), CHUNK_C=tiles.out_bwd_chunk,
         num_warps=tiles.out_bwd_warps, num_stages=tiles.out_bwd_stages)
     d_ln_out = part_out.sum(0)                                                   # [2, pow2(h)]
     d_p_out = _weight_grad(dy.mT, ta.mT, p_out.dtype)                            # [C, h]
@@ -270,14 +265,14 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
     # input side: LayerNorm over C, the projections, gates and mask
     dz = _new(z.shape, z.dtype, dev)
     x = _new((B, NN, C), cdt, dev)
-    grid_m = (triton.cdiv(NN, tiles.proj_bwd_m), B)
-    part_in = _new((grid_m[0] * B, 2, _pow2(C)), torch.float32, dev)
+    grid_m = (cdiv(NN, tiles.proj_bwd_m), B)
+    part_in = _new((grid_m[0] * B, 2, pow2(C)), torch.float32, dev)
     m_arg, m_strides = (mask, mask.stride()) if mask is not None else (z, (0, 0, 0))
     launch(
         K._tri_mul_proj_bwd, grid_m,
         z, m_arg, ln_in_w.float().contiguous(), ln_in_b.float().contiguous(), w_p, w_g, w_go, dab, stats_in[0],
         stats_in[1], dz, dpg, x, part_in, *z.stride(), *m_strides, N, NN, B * h * NN,
-        C=C, H=h, HAS_MASK=mask is not None, DOT_PREC=prec, BLOCK_M=tiles.proj_bwd_m, BLOCK_C=_pow2(C),
+        C=C, H=h, HAS_MASK=mask is not None, DOT_PREC=prec, BLOCK_M=tiles.proj_bwd_m, BLOCK_C=pow2(C),
         BLOCK_HC=tiles.proj_bwd_hc, num_warps=tiles.proj_bwd_warps, num_stages=tiles.proj_bwd_stages)
     d_ln_in = part_in.sum(0)                                                     # [2, pow2(C)]
     d_pg = _weight_grad(dpg, x, torch.float32)                                   # [4 h + C, C]
@@ -334,8 +329,8 @@ def _bwd_op(dout: torch.Tensor, z: torch.Tensor, mask: torch.Tensor | None, ln_i
 def _bwd_fake(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out, ab, t, gpre, stats_in,
               stats_out, w_in, w_po, outgoing, eps):
     C, h2, f32 = z.shape[-1], p_in.shape[0], torch.float32
-    return (z.new_empty(z.shape), z.new_empty((2, _pow2(C)), dtype=f32), z.new_empty((h2 * 2 + C, C), dtype=f32),
-            z.new_empty((2, _pow2(h2 // 2)), dtype=f32), p_out.new_empty(p_out.shape))
+    return (z.new_empty(z.shape), z.new_empty((2, pow2(C)), dtype=f32), z.new_empty((h2 * 2 + C, C), dtype=f32),
+            z.new_empty((2, pow2(h2 // 2)), dtype=f32), p_out.new_empty(p_out.shape))
 
 
 def _setup_context(ctx, inputs, output):
