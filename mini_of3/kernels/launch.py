@@ -316,16 +316,11 @@ def _new(shape, dtype, device) -> torch.Tensor:
 
 
 def stacked(tensors, dtype: torch.dtype) -> torch.Tensor:
-    """The rows of ``tensors`` (same width) one after another in one new tensor of ``dtype``, one copy kernel each:
-    the weights in the compute dtype that a forward keeps for its backward (an op's outputs may not alias its
-    inputs, so even a weight already in that dtype is copied)."""
+    """The rows of ``tensors`` (same width) one after another in one new tensor of ``dtype``, cast by one cat: the
+    weights in the compute dtype that a forward keeps for its backward (an op's outputs may not alias its inputs,
+    so even a weight already in that dtype is copied)."""
     rows = sum(t.shape[0] for t in tensors)
-    out = _new((rows, *tensors[0].shape[1:]), dtype, tensors[0].device)
-    start = 0
-    for t in tensors:
-        out[start:start + t.shape[0]].copy_(t)
-        start += t.shape[0]
-    return out
+    return torch.cat(tensors, out=_new((rows, *tensors[0].shape[1:]), dtype, tensors[0].device))
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
