@@ -216,13 +216,6 @@ def _tri_mul_out_bwd(T, LN_W, LN_B, W_PO, GPRE, DOUT, MEAN, RSTD, DT, TA, DY, DP
 
 
 @triton.jit
-def _xhat(z_ptrs, mean, rstd, in_rows, in_c):
-    """The normalised z [BM, BC] (float32, 0 outside) from its pointers and LayerNorm statistics."""
-    z = tl.load(z_ptrs, mask=in_rows[:, None] & in_c[None, :], other=0.0).to(tl.float32)
-    return tl.where(in_c[None, :], (z - mean[:, None]) * rstd[:, None], 0.0)
-
-
-@triton.jit
 def _tri_mul_proj_bwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, DAB, MEAN, RSTD, DZ, DPG, X, PART,
               sz_b, sz_i, sz_j, sz_c, sm_b, sm_i, sm_j, N, NN, AB_PART,
               C: tl.constexpr, H: tl.constexpr, HAS_MASK: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -237,12 +230,14 @@ def _tri_mul_proj_bwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, DAB, MEAN, RSTD, DZ, 
     in_rows = rows < NN
     offs_c = tl.arange(0, BLOCK_C)
     in_c = offs_c < C
-    z_ptrs = Z + b * sz_b + _pair_offsets(rows, N, sz_i, sz_j)[:, None] + offs_c[None, :] * sz_c
+    ptrs = Z + b * sz_b + _pair_offsets(rows, N, sz_i, sz_j)[:, None] + offs_c[None, :] * sz_c
+    z = tl.load(ptrs, mask=in_rows[:, None] & in_c[None, :], other=0.0).to(tl.float32)
     mean = tl.load(MEAN + b * NN + rows, mask=in_rows, other=0.0)
     rstd = tl.load(RSTD + b * NN + rows, mask=in_rows, other=0.0)
+    xhat = tl.where(in_c[None, :], (z - mean[:, None]) * rstd[:, None], 0.0)      # [BM, BC]
     w = tl.load(LN_W + offs_c, mask=in_c, other=0.0)
     beta = tl.load(LN_B + offs_c, mask=in_c, other=0.0)
-    x = (_xhat(z_ptrs, mean, rstd, in_rows, in_c) * w[None, :] + beta[None, :]).to(cdt)     # [BM, BC]
+    x = (xhat * w[None, :] + beta[None, :]).to(cdt)
     io = (b * NN + rows)[:, None] * C + offs_c[None, :]
     io_mask = in_rows[:, None] & in_c[None, :]
     tl.store(X + io, x, mask=io_mask)
@@ -268,7 +263,6 @@ def _tri_mul_proj_bwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, DAB, MEAN, RSTD, DZ, 
             tl.store(dpg_b + (2 * H + part * H + ch)[None, :] * NN + rows[:, None], dg, mask=cf_mask)
             dx = _dot(dp, tl.trans(w_p_t), DOT_PREC, acc=dx)
             dx = _dot(dg, tl.trans(w_g_t), DOT_PREC, acc=dx)
-    xhat = _xhat(z_ptrs, mean, rstd, in_rows, in_c)            # z read again (from L2): fewer live registers
     part_ptr = PART + (b * tl.num_programs(0) + pid) * 2 * BLOCK_C + offs_c
     tl.store(part_ptr, tl.sum(dx * xhat, axis=0))                                  # norm_in weight
     tl.store(part_ptr + BLOCK_C, tl.sum(dx, axis=0))                               # norm_in bias

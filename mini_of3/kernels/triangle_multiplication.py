@@ -121,13 +121,13 @@ class TriMulTiles:
     proj_fwd_warps: int = 4
     proj_fwd_stages: int = 3
     out_fwd_p: int = 64
-    out_fwd_warps: int = 8
+    out_fwd_warps: int = 4
     out_fwd_stages: int = 2
     out_fwd_per_sm: int = 2
     out_bwd_p: int = 64
     out_bwd_chunk: int = 128
     out_bwd_warps: int = 8
-    out_bwd_stages: int = 2
+    out_bwd_stages: int = 3
     out_bwd_per_sm: int = 1
     proj_bwd_m: int = 128
     proj_bwd_hc: int = 32
