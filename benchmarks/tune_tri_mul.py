@@ -32,11 +32,9 @@ KERNELS = {   # kernel -> (the pass it runs in, candidate tiles: its TriMulTiles
     "out_fwd": ("fwd", [dict(out_fwd_p=p, out_fwd_warps=w, out_fwd_stages=s, out_fwd_per_sm=ps)
                         for p, w, s, ps in [(64, 4, 1, 0), (64, 8, 1, 0), (64, 8, 2, 2), (64, 8, 2, 1), (64, 8, 1, 2),
                                             (64, 8, 3, 1), (64, 4, 2, 2), (128, 8, 2, 1), (32, 4, 2, 4)]]),
-    "out_bwd": ("bwd", [dict(out_bwd_p=p, out_bwd_chunk=cc, out_bwd_warps=w, out_bwd_stages=s, out_bwd_per_sm=ps)
-                        for p, cc, w, s, ps in [(64, 128, 8, 1, 0), (64, 128, 8, 2, 1), (64, 64, 8, 2, 1),
-                                                (64, 128, 8, 1, 1), (64, 128, 8, 3, 1), (64, 64, 8, 3, 1),
-                                                (64, 64, 4, 2, 2), (128, 64, 8, 2, 1), (32, 128, 4, 2, 2),
-                                                (64, 128, 8, 2, 2)]]),
+    "out_bwd": ("bwd", [dict(out_bwd_p=p, out_bwd_warps=w, out_bwd_stages=s, out_bwd_per_sm=ps)
+                        for p, w, s, ps in [(64, 8, 1, 0), (64, 8, 2, 1), (64, 8, 3, 1), (64, 8, 1, 1), (64, 8, 2, 2),
+                                            (64, 4, 2, 2), (128, 8, 2, 1), (32, 4, 2, 2)]]),
     "proj_bwd": ("bwd", [dict(proj_bwd_m=m, proj_bwd_hc=hc, proj_bwd_warps=w, proj_bwd_stages=s)
                          for m, hc, w, s in [(128, 32, 8, 3), (64, 32, 4, 3), (64, 32, 8, 3), (64, 32, 8, 2),
                                              (128, 32, 8, 2), (128, 64, 8, 3), (64, 64, 8, 3), (64, 64, 4, 3)]]),

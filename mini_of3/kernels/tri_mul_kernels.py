@@ -1,7 +1,8 @@
 """Triton kernels of the fused triangle multiplicative update (AF3 SI Alg 12 outgoing, Alg 13 incoming).
 
-Rows are pairs ij of one batch element b: pair = i * N + j, NN = N * N; a program takes BLOCK_M (BLOCK_P) pairs of one
-b (grid: (pair tiles, B)). Channels-first tensors are [B, channels, N, N] (the contraction's layout); pair-major ones
+Rows are pairs ij of one batch element b: pair = i * N + j, NN = N * N; a projection program takes BLOCK_M pairs of
+one b (grid: (pair tiles, B)); the output kernels are persistent (grid: (programs,)), each program taking tiles of
+BLOCK_P pairs p, p + programs, ... of all B * cdiv(NN, BLOCK_P), the next ones loading while one is computed. Channels-first tensors are [B, channels, N, N] (the contraction's layout); pair-major ones
 are [B, N, N, C] contiguous. The compute dtype (bf16 under autocast, else the input's) is the element type of the
 weights the launcher passes (cast once on the host); every statistic and every epilogue is float32.
 
@@ -164,17 +165,20 @@ def _tri_mul_out_fwd(T, LN_W, LN_B, W_PO, GPRE, OUT, MEAN, RSTD, NN, n_tiles, ep
 def _tri_mul_out_bwd(T, LN_W, LN_B, W_PO, GPRE, DOUT, MEAN, RSTD, DT, TA, DY, DPG, PART,
              sd_b, sd_i, sd_j, sd_c, N, NN, n_tiles,
              C: tl.constexpr, H: tl.constexpr, DOT_PREC: tl.constexpr,
-             BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, CHUNK_C: tl.constexpr):
+             BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr):
     """The backward of _tri_mul_out_fwd for BLOCK_P pairs: d(g pre-activation) channels-first into the last C rows
     of DPG [B, 4 h + C, NN], dy = dout * sigmoid(g) and the affine LayerNorm output ta (operands of the weight
     GEMMs), dt channels-first; per program, the partial sums of the norm_out gradients over its tiles. Persistent as
-    _tri_mul_out_fwd; the output channels in chunks of CHUNK_C (registers)."""
+    _tri_mul_out_fwd."""
     pid = tl.program_id(0)
     cdt = W_PO.dtype.element_ty
     offs_h = tl.arange(0, BLOCK_H)
     in_h = offs_h < H
+    offs_c = tl.arange(0, BLOCK_C)
+    in_c = offs_c < C
     w = tl.load(LN_W + offs_h, mask=in_h, other=0.0)
     beta = tl.load(LN_B + offs_h, mask=in_h, other=0.0)
+    w_po_t = _weight_t(W_PO, offs_c, in_c, offs_h, in_h, H)                        # [BH, BC] = p_out^T
     d_ln_w = tl.zeros([BLOCK_H], dtype=tl.float32)
     d_ln_b = tl.zeros([BLOCK_H], dtype=tl.float32)
     tiles_per_b = tl.cdiv(NN, BLOCK_P)
@@ -185,23 +189,18 @@ def _tri_mul_out_bwd(T, LN_W, LN_B, W_PO, GPRE, DOUT, MEAN, RSTD, DT, TA, DY, DP
         rstd = tl.load(RSTD + b * NN + rows, mask=in_rows, other=0.0)
         tn = tl.where(in_h[None, :], (t - mean[:, None]) * rstd[:, None], 0.0)
         ta = (tn * w[None, :] + beta[None, :]).to(cdt)                             # [BP, BH]
+        y = _dot(ta, w_po_t, DOT_PREC)                                             # [BP, BC]
+        io = (b * NN + rows)[:, None] * C + offs_c[None, :]
+        io_mask = in_rows[:, None] & in_c[None, :]
+        g = tl.sigmoid(tl.load(GPRE + io, mask=io_mask, other=0.0).to(tl.float32))
+        dout_ptrs = DOUT + b * sd_b + _pair_offsets(rows, N, sd_i, sd_j)[:, None] + offs_c[None, :] * sd_c
+        dout = tl.load(dout_ptrs, mask=io_mask, other=0.0).to(tl.float32)
+        dy = (dout * g).to(cdt)
+        dgpre_ptrs = DPG + b * (4 * H + C) * NN + (4 * H + offs_c)[None, :] * NN + rows[:, None]
+        tl.store(dgpre_ptrs, (dout * y * g * (1.0 - g)).to(cdt), mask=io_mask)
+        tl.store(DY + io, dy, mask=io_mask)
         tl.store(TA + (b * H + offs_h)[None, :] * NN + rows[:, None], ta, mask=in_rows[:, None] & in_h[None, :])
-        dta = tl.zeros([BLOCK_P, BLOCK_H], dtype=tl.float32)
-        for c0 in tl.static_range(0, BLOCK_C, CHUNK_C):
-            offs_c = c0 + tl.arange(0, CHUNK_C)
-            in_c = offs_c < C
-            w_po_t = _weight_t(W_PO, offs_c, in_c, offs_h, in_h, H)                # [BH, CC] = p_out^T
-            y = _dot(ta, w_po_t, DOT_PREC)                                         # [BP, CC]
-            io = (b * NN + rows)[:, None] * C + offs_c[None, :]
-            io_mask = in_rows[:, None] & in_c[None, :]
-            g = tl.sigmoid(tl.load(GPRE + io, mask=io_mask, other=0.0).to(tl.float32))
-            dout_ptrs = DOUT + b * sd_b + _pair_offsets(rows, N, sd_i, sd_j)[:, None] + offs_c[None, :] * sd_c
-            dout = tl.load(dout_ptrs, mask=io_mask, other=0.0).to(tl.float32)
-            dy = (dout * g).to(cdt)
-            dgpre_ptrs = DPG + b * (4 * H + C) * NN + (4 * H + offs_c)[None, :] * NN + rows[:, None]
-            tl.store(dgpre_ptrs, (dout * y * g * (1.0 - g)).to(cdt), mask=io_mask)
-            tl.store(DY + io, dy, mask=io_mask)
-            dta = _dot(dy, tl.trans(w_po_t), DOT_PREC, acc=dta)                    # [BP, BH]
+        dta = _dot(dy, tl.trans(w_po_t), DOT_PREC)                                 # [BP, BH]
         d_ln_w += tl.sum(dta * tn, axis=0)                                         # norm_out weight
         d_ln_b += tl.sum(dta, axis=0)                                              # norm_out bias
         dtn = dta * w[None, :]

@@ -111,11 +111,11 @@ def _resolve_backend(backend: str, z: torch.Tensor, hidden: int) -> str:
 @dataclass(frozen=True, kw_only=True)
 class TriMulTiles:
     """Launch tiles of the four Triton kernels, in launch order: pairs per program (``*_m``) or per tile of a
-    persistent program (``*_p``), hidden channels per chunk of the projection kernels (``*_hc``), output channels
-    per chunk (``out_bwd_chunk``), warps and pipeline stages per program, persistent programs per SM (``*_per_sm``;
-    0: one program per tile). The defaults
-    are the fastest of the sweep on the H200 (C = h = 128, bf16; ``benchmarks/tune_tri_mul.py``,
-    tune_tri_mul_9f4fc3f.json): forward + backward 3.97 ms at N = 768 (5.23 with the first tiles), 1.22 at 384."""
+    persistent program (``*_p``), hidden channels per chunk of the projection kernels (``*_hc``), warps and pipeline
+    stages per program, persistent programs per SM (``*_per_sm``; 0: one program per tile). The defaults are the fastest of the sweeps (C = h = 128, bf16;
+    ``benchmarks/tune_tri_mul.py``): the projection kernels' on the H200 (tune_tri_mul_9f4fc3f.json: forward +
+    backward 3.97 ms at N = 768, 5.23 with the first tiles), the persistent output kernels' on the H100
+    (tune_tri_mul_f7eb62a_h100.json: backward 3.53 -> 3.31 ms at N = 768 against one program per tile)."""
     proj_fwd_m: int = 64
     proj_fwd_hc: int = 32
     proj_fwd_warps: int = 4
@@ -125,7 +125,6 @@ class TriMulTiles:
     out_fwd_stages: int = 2
     out_fwd_per_sm: int = 2
     out_bwd_p: int = 64
-    out_bwd_chunk: int = 128
     out_bwd_warps: int = 8
     out_bwd_stages: int = 3
     out_bwd_per_sm: int = 1
@@ -146,16 +145,15 @@ def _tiles(C: int, hidden: int) -> TriMulTiles:
     whole), with any ``tri_mul_tiles`` override on top."""
     if interpreting():
         tiles = TriMulTiles(proj_fwd_m=32, proj_fwd_hc=16, proj_fwd_warps=4, proj_fwd_stages=1, out_fwd_p=32,
-                            out_bwd_p=32, out_bwd_chunk=16, out_bwd_warps=4, proj_bwd_m=32, proj_bwd_hc=16,
-                            proj_bwd_warps=4, proj_bwd_stages=1)
+                            out_bwd_p=32, out_bwd_warps=4, proj_bwd_m=32, proj_bwd_hc=16, proj_bwd_warps=4,
+                            proj_bwd_stages=1)
     elif hidden > 128:
         tiles = TriMulTiles(out_fwd_p=32, out_bwd_p=32)
     else:
         tiles = TriMulTiles()
     tiles = tri_mul_tiles.apply(tiles)
-    hc, c = pow2(hidden), pow2(C)
-    return replace(tiles, proj_fwd_hc=min(tiles.proj_fwd_hc, hc), proj_bwd_hc=min(tiles.proj_bwd_hc, hc),
-                   out_bwd_chunk=min(tiles.out_bwd_chunk, c))
+    hc = pow2(hidden)
+    return replace(tiles, proj_fwd_hc=min(tiles.proj_fwd_hc, hc), proj_bwd_hc=min(tiles.proj_bwd_hc, hc))
 
 
 @functools.cache
@@ -245,8 +243,8 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
         K._tri_mul_out_bwd, (programs,),
         t, ln_out_w.float().contiguous(), ln_out_b.float().contiguous(), w_po, gpre, dout, stats_out[0], stats_out[1],
         dt, ta, dy, dpg, part_out, *dout.stride(), N, NN, n_tiles, C=C, H=h, DOT_PREC=prec,
-        BLOCK_P=tiles.out_bwd_p, BLOCK_C=pow2(C), BLOCK_H=pow2(h), CHUNK_C=tiles.out_bwd_chunk,
-        num_warps=tiles.out_bwd_warps, num_stages=tiles.out_bwd_stages)
+        BLOCK_P=tiles.out_bwd_p, BLOCK_C=pow2(C), BLOCK_H=pow2(h), num_warps=tiles.out_bwd_warps,
+        num_stages=tiles.out_bwd_stages)
     d_ln_out = part_out.sum(0)                                                   # [2, pow2(h)]
     d_p_out = _weight_grad(dy.mT, ta.mT, p_out.dtype)                            # [C, h]
     del dy, ta
