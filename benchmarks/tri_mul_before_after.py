@@ -4,13 +4,17 @@ at the given N with each version's default tiles, plus the largest norm-relative
 gradients.
 
     python benchmarks/kernels_before_after.py --extract COMMIT     (here, with git: writes .device/old/old_kernels)
-    python benchmarks/tri_mul_before_after.py [--ns 768,384]       (on the GPU; carry .device)
+    python benchmarks/tri_mul_before_after.py [--ns 768,384] [--out DIR]   (on the GPU; carry .device)
+
+Writes DIR/tri_mul_before_after.json: rows {"what": "host", N, before_ms, after_ms} and {"what": "passes", N,
+before_/after_ fwd_ms, bwd_ms, fwdbwd_ms, max_rel_diff, after_bitwise}.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 import torch
 
@@ -18,6 +22,7 @@ sys.path.insert(0, ".device/old")
 import tune_tri_mul as tune  # noqa: E402  (benchmarks/ is the script's folder)
 from host_time_gpu import host_ms  # noqa: E402
 
+from mini_of3.bench.common import result_header, write_json  # noqa: E402
 from mini_of3.bench.trimul import make_inputs, make_weights  # noqa: E402
 
 
@@ -38,23 +43,34 @@ def host_per_call(module, n: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ns", default="768,384")
+    parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     before = importlib.import_module("old_kernels.triangle_multiplication")
     after = importlib.import_module("mini_of3.kernels.triangle_multiplication")
     commit = open(".device/old/COMMIT").read().strip()
+    result = result_header("tri_mul_before_after", prog="python benchmarks/tri_mul_before_after.py")
+    result["before_commit"] = commit
     for n in (64, 256):
         times = {name: [] for name in ("before", "after")}
         for _ in range(3):      # interleaved
             for name, module in (("before", before), ("after", after)):
                 times[name].append(host_per_call(module, n))
+        result["rows"].append({"what": "host", "N": n, "before_ms": min(times["before"]),
+                               "after_ms": min(times["after"])})
         print(f"host N={n}: before ({commit}) {min(times['before']):.3f} ms, after {min(times['after']):.3f} ms per "
               f"fwd+bwd back to back (best of 3 interleaved medians)", flush=True)
     for n in (int(x) for x in args.ns.split(",")):
         r = tune.compare(n, {}, torch.device("cuda"), before)
+        result["rows"].append({"what": "passes", "N": n, "max_rel_diff": r["before_max_err_to_ours"],
+                               "after_bitwise": r["default_bitwise"],
+                               **{f"{who}_{p}_ms": r[f"{key}_{p}_ms"] for who, key in (("before", "before"),
+                                                                                      ("after", "default"))
+                                  for p in ("fwd", "bwd", "fwdbwd")}})
         print(f"N={n}: before fwd {r['before_fwd_ms']:.3f} bwd {r['before_bwd_ms']:.3f} fwd+bwd "
               f"{r['before_fwdbwd_ms']:.3f} | after fwd {r['default_fwd_ms']:.3f} bwd {r['default_bwd_ms']:.3f} "
               f"fwd+bwd {r['default_fwdbwd_ms']:.3f} ms | max rel diff {r['before_max_err_to_ours']:.1e}, after "
               f"bitwise over 5 repeats {r['default_bitwise']}", flush=True)
+    write_json(result, Path(args.out) / "tri_mul_before_after.json")
 
 
 if __name__ == "__main__":
