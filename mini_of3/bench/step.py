@@ -379,7 +379,7 @@ def host_side(events, wall_ms: float, prof=None) -> dict:
 
 
 def breakdown(arm: Arm, batch: dict) -> tuple[dict[str, float], list[list], dict]:
-    """Milliseconds of GPU time (CPU op self time on a CPU) per category in one profiled step, the 15 kernels that
+    """Milliseconds of GPU time (CPU op self time on a CPU) per category in one profiled step, the 40 kernels that
     took longest (name, ms, category) to check the categories against, and the host side (:func:`host_side`)."""
     cuda = arm.device.type == "cuda"
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
@@ -400,7 +400,7 @@ def breakdown(arm: Arm, batch: dict) -> tuple[dict[str, float], list[list], dict
         totals[category] += us / 1e3
         entry = per_kernel.setdefault(name[:120], [0.0, category])
         entry[0] += us / 1e3
-    top = sorted(([n, ms, c] for n, (ms, c) in per_kernel.items()), key=lambda x: -x[1])[:15]
+    top = sorted(([n, ms, c] for n, (ms, c) in per_kernel.items()), key=lambda x: -x[1])[:40]
     return {k: round(v, 3) for k, v in totals.items()}, top, host_side(prof.events(), wall_ms, prof if cuda else None)
 
 
