@@ -3,7 +3,8 @@
 # multiplication alone beside the compiled and cuEquivariance versions, and the Pairformer block at N = 768 as the
 # trainer runs it (compiled) and eager.
 #   MINI_OF3_COMMIT=<hash> bash benchmarks/device_tri_mul.sh [TAG] [NS] [STEPS]
-# STEPS: any of tests, bench, block (default all three). Carry .whl (the anchors, ../shared/tools/anchor_wheels.sh)
+# STEPS: any of tests, bench, block, ncu (default the first three; ncu: Nsight Compute on the four Triton kernels of
+# the second outgoing fwd+bwd at the largest N, with the warp stall reasons, into $OUT/ncu_tri_mul.txt). Carry .whl (the anchors, ../shared/tools/anchor_wheels.sh)
 # for the cueq rows; without it they are reported as skipped. Limits (seconds, the call has 600): tests 150
 # (MINI_OF3_TESTS_LIMIT), bench 300 (MINI_OF3_BENCH_LIMIT), block what is left up to 540 in all (MINI_OF3_TOTAL_LIMIT).
 # Writes $OUT/trimul_<TAG>.json/.png (python -m mini_of3.bench trimul), $OUT/block_trimul_<TAG>.json/.png and the
@@ -29,6 +30,15 @@ if [[ $steps == *block* ]]; then
       --impls "${MINI_OF3_BLOCK_IMPLS:-mini_of3_compile,cueq_compile,mini_of3}" \
       --reps 5 --rounds 2 --out "$OUT" --tag "trimul_$tag" > "$OUT/block.log" 2>&1
   else echo "block: no time left ($SECONDS s used)" > "$OUT/block.log"; fi
+fi
+if [[ $steps == *ncu* ]]; then   # clocks left alone (METHOD.md); the first call's launches compile
+  left=$(( 590 - SECONDS < 240 ? 590 - SECONDS : 240 ))
+  timeout $left ncu --clock-control none -k 'regex:_tri_mul_' --launch-skip 4 --launch-count 4 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    python3 benchmarks/profile_tri_mul.py --ncu --ns "${ns##*,}" > "$OUT/ncu_tri_mul.txt" 2>&1
+  grep -E '^  _|Duration|Registers Per|Achieved Occ|Theoretical Occ|Memory Throughput|DRAM Throughput|Stall|Issue Slots' \
+    "$OUT/ncu_tri_mul.txt" | head -60
 fi
 echo "== tests";  tail -6 "$OUT/tests.log" 2>/dev/null
 echo "== block (N = 768)"; grep -v 'Warning\|warn' "$OUT/block.log" 2>/dev/null | grep -E "impl|block|Error|error" | tail -8

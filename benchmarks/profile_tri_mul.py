@@ -3,6 +3,8 @@
 last N/10 tokens padding). A development tool for the GPU machine; its table goes into mini_of3/kernels/NOTES.md.
 
     python benchmarks/profile_tri_mul.py --ns 768 [--iters 10]
+    ncu ... python benchmarks/profile_tri_mul.py --ncu     (two outgoing fwd+bwd calls at the first N, for ncu:
+                                                            benchmarks/device_tri_mul.sh's ncu step)
 """
 from __future__ import annotations
 
@@ -28,7 +30,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ns", default="768")
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--ncu", action="store_true", help="two fwd+bwd calls only (the first compiles)")
     args = parser.parse_args()
+    if args.ncu:
+        device = torch.device("cuda")
+        n = int(args.ns.split(",")[0])
+        weights = make_weights(128, 128, device)
+        z, mask, dout = make_inputs(n, 128, device, seed=0)
+        for _ in range(2):
+            grads(triangle_multiplication, z, mask, weights, dout, "outgoing", device)
+        torch.cuda.synchronize()
+        return
     for n in map(int, args.ns.split(",")):
         for direction in ("outgoing", "incoming"):
             times, wall = kernel_times(n, direction, args.iters)
