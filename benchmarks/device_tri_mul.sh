@@ -35,9 +35,9 @@ if [[ $steps == *ncu* ]]; then   # clocks left alone (METHOD.md); the first call
   left=$(( 590 - SECONDS < 240 ? 590 - SECONDS : 240 ))
   timeout $left ncu --clock-control none -k 'regex:_tri_mul_' --launch-skip 4 --launch-count 4 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats \
     python3 benchmarks/profile_tri_mul.py --ncu --ns "${ns##*,}" > "$OUT/ncu_tri_mul.txt" 2>&1
-  grep -E '^  _|Duration|Registers Per|Achieved Occ|Theoretical Occ|Memory Throughput|DRAM Throughput|Stall|Issue Slots' \
+  grep -E '^  _|Duration|Registers Per|Achieved Occ|Theoretical Occ|Memory Throughput|DRAM Throughput|Stall|Issue Slots|Executed Ipc|Instructions' \
     "$OUT/ncu_tri_mul.txt" | head -60
 fi
 echo "== tests";  tail -6 "$OUT/tests.log" 2>/dev/null
