@@ -38,6 +38,8 @@ KERNELS = {   # kernel -> (the pass it runs in, candidate tiles: its TriMulTiles
     "proj_bwd": ("bwd", [dict(proj_bwd_m=m, proj_bwd_hc=hc, proj_bwd_warps=w, proj_bwd_stages=s)
                          for m, hc, w, s in [(128, 32, 8, 3), (64, 32, 4, 3), (64, 32, 8, 3), (64, 32, 8, 2),
                                              (128, 32, 8, 2), (128, 64, 8, 3), (64, 64, 8, 3), (64, 64, 4, 3)]]),
+    "gates": ("bwd", [dict(fast_gates=False), dict(fast_gates=True)]),   # every kernel's; the forward's share in
+                                                                          # the best-against-default comparison
 }
 
 

@@ -2,9 +2,11 @@
 
 Rows are pairs ij of one batch element b: pair = i * N + j, NN = N * N; a projection program takes BLOCK_M pairs of
 one b (grid: (pair tiles, B)); the output kernels are persistent (grid: (programs,)), each program taking tiles of
-BLOCK_P pairs p, p + programs, ... of all B * cdiv(NN, BLOCK_P), the next ones loading while one is computed. Channels-first tensors are [B, channels, N, N] (the contraction's layout); pair-major ones
-are [B, N, N, C] contiguous. The compute dtype (bf16 under autocast, else the input's) is the element type of the
-weights the launcher passes (cast once on the host); every statistic and every epilogue is float32.
+BLOCK_P pairs p, p + programs, ... of all B * cdiv(NN, BLOCK_P), the next ones loading while one is computed.
+Channels-first tensors are [B, channels, N, N] (the contraction's layout); pair-major ones are [B, N, N, C]
+contiguous. The compute dtype (bf16 under autocast, else the input's) is the element type of the weights the launcher
+passes (cast once on the host); every statistic and every epilogue is float32. FAST_GATES (GPU only) computes the
+sigmoid gates with approximate special-function instructions.
 
 The default path, in launch order (triangle_multiplication.py):
     _tri_mul_proj_fwd   reads z, the mask, norm_in, p_in, g_in, g_out; LayerNorm over C, the projections as tl.dot, the
@@ -33,7 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mini_of3.kernels.tri_attn_kernels import _dot
+from mini_of3.kernels.tri_attn_kernels import _dot, _sigmoid2
 
 
 @triton.jit
@@ -69,6 +71,16 @@ def _weight_t(W, rows_w, in_w, offs_c, in_c, C: tl.constexpr):
     return tl.load(W + rows_w[None, :] * C + offs_c[:, None], mask=in_w[None, :] & in_c[:, None], other=0.0)
 
 
+@triton.jit
+def _gate(x, FAST: tl.constexpr):
+    """sigmoid(x), float32; FAST (GPU only) with the special-function unit's approximate ex2 and reciprocal, without
+    the full-range division's fix-ups (about a fifth of an output kernel's instructions, offline SASS)."""
+    if FAST:
+        return _sigmoid2(x * 1.4426950408889634, True)
+    else:
+        return tl.sigmoid(x)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # forward
 
@@ -77,7 +89,7 @@ def _weight_t(W, rows_w, in_w, offs_c, in_c, C: tl.constexpr):
 def _tri_mul_proj_fwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, AB, GPRE, MEAN, RSTD,
               sz_b, sz_i, sz_j, sz_c, sm_b, sm_i, sm_j, N, NN, AB_PART, eps,
               C: tl.constexpr, H: tl.constexpr, HAS_MASK: tl.constexpr, DOT_PREC: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HC: tl.constexpr):
+              BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HC: tl.constexpr, FAST_GATES: tl.constexpr = False):
     """AF3 SI Alg 12/13 lines 1-4 for BLOCK_M pairs: x = LayerNorm(z); a, b = (x p^T) * sigmoid(x g^T) * mask,
     stored channels-first; g_out's pre-activation x g_out^T stored pair-major; the LayerNorm statistics."""
     pid = tl.program_id(0)
@@ -99,7 +111,7 @@ def _tri_mul_proj_fwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, AB, GPRE, MEAN, RSTD,
             in_ch = ch < H
             p = _dot(x, _weight_t(W_P, part * H + ch, in_ch, offs_c, in_c, C), DOT_PREC)   # [BM, BHC]
             g = _dot(x, _weight_t(W_G, part * H + ch, in_ch, offs_c, in_c, C), DOT_PREC)
-            ab = p * tl.sigmoid(g) * m[:, None]
+            ab = p * _gate(g, FAST_GATES) * m[:, None]
             ptrs = AB + part * AB_PART + (b * H + ch)[None, :] * NN + rows[:, None]
             tl.store(ptrs, ab.to(cdt), mask=in_rows[:, None] & in_ch[None, :])
     gpre = _dot(x, _weight_t(W_GO, offs_c, in_c, offs_c, in_c, C), DOT_PREC)      # [BM, BC]
@@ -128,7 +140,7 @@ def _tile_rows(tile, tiles_per_b, NN, BLOCK_P: tl.constexpr):
 @triton.jit
 def _tri_mul_out_fwd(T, LN_W, LN_B, W_PO, GPRE, OUT, MEAN, RSTD, NN, n_tiles, eps,
              C: tl.constexpr, H: tl.constexpr, DOT_PREC: tl.constexpr,
-             BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr):
+             BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, FAST_GATES: tl.constexpr = False):
     """AF3 SI Alg 12/13 lines 4-5 for BLOCK_P pairs: out = sigmoid(g) * (LayerNorm_h(t) p_out^T), pair-major.
     Persistent: program p takes the tiles p, p + programs, ... of all n_tiles (B * cdiv(NN, BLOCK_P)); the loop's
     pipeline stages load the next tiles while one is computed, and p_out stays loaded."""
@@ -152,7 +164,7 @@ def _tri_mul_out_fwd(T, LN_W, LN_B, W_PO, GPRE, OUT, MEAN, RSTD, NN, n_tiles, ep
         io = (b * NN + rows)[:, None] * C + offs_c[None, :]
         io_mask = in_rows[:, None] & in_c[None, :]
         g = tl.load(GPRE + io, mask=io_mask, other=0.0).to(tl.float32)
-        tl.store(OUT + io, (tl.sigmoid(g) * y).to(OUT.dtype.element_ty), mask=io_mask)
+        tl.store(OUT + io, (_gate(g, FAST_GATES) * y).to(OUT.dtype.element_ty), mask=io_mask)
         tl.store(MEAN + b * NN + rows, mean, mask=in_rows)
         tl.store(RSTD + b * NN + rows, rstd, mask=in_rows)
 
@@ -165,7 +177,7 @@ def _tri_mul_out_fwd(T, LN_W, LN_B, W_PO, GPRE, OUT, MEAN, RSTD, NN, n_tiles, ep
 def _tri_mul_out_bwd(T, LN_W, LN_B, W_PO, GPRE, DOUT, MEAN, RSTD, DT, TA, DY, DPG, PART,
              sd_b, sd_i, sd_j, sd_c, N, NN, n_tiles,
              C: tl.constexpr, H: tl.constexpr, DOT_PREC: tl.constexpr,
-             BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr):
+             BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, FAST_GATES: tl.constexpr = False):
     """The backward of _tri_mul_out_fwd for BLOCK_P pairs: d(g pre-activation) channels-first into the last C rows
     of DPG [B, 4 h + C, NN], dy = dout * sigmoid(g) and the affine LayerNorm output ta (operands of the weight
     GEMMs), dt channels-first; per program, the partial sums of the norm_out gradients over its tiles. Persistent as
@@ -192,7 +204,7 @@ def _tri_mul_out_bwd(T, LN_W, LN_B, W_PO, GPRE, DOUT, MEAN, RSTD, DT, TA, DY, DP
         y = _dot(ta, w_po_t, DOT_PREC)                                             # [BP, BC]
         io = (b * NN + rows)[:, None] * C + offs_c[None, :]
         io_mask = in_rows[:, None] & in_c[None, :]
-        g = tl.sigmoid(tl.load(GPRE + io, mask=io_mask, other=0.0).to(tl.float32))
+        g = _gate(tl.load(GPRE + io, mask=io_mask, other=0.0).to(tl.float32), FAST_GATES)
         dout_ptrs = DOUT + b * sd_b + _pair_offsets(rows, N, sd_i, sd_j)[:, None] + offs_c[None, :] * sd_c
         dout = tl.load(dout_ptrs, mask=io_mask, other=0.0).to(tl.float32)
         dy = (dout * g).to(cdt)
@@ -218,7 +230,7 @@ def _tri_mul_out_bwd(T, LN_W, LN_B, W_PO, GPRE, DOUT, MEAN, RSTD, DT, TA, DY, DP
 def _tri_mul_proj_bwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, DAB, MEAN, RSTD, DZ, DPG, X, PART,
               sz_b, sz_i, sz_j, sz_c, sm_b, sm_i, sm_j, N, NN, AB_PART,
               C: tl.constexpr, H: tl.constexpr, HAS_MASK: tl.constexpr, DOT_PREC: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HC: tl.constexpr):
+              BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HC: tl.constexpr, FAST_GATES: tl.constexpr = False):
     """The backward of _tri_mul_proj_fwd for BLOCK_M pairs: recomputes x and the projections; writes d(projections)
     channels-first into DPG [B, 4 h + C, NN] (rows: p_in's 2 h, then g_in's 2 h; the last C rows hold d(g_out
     pre-activation), read here), x in the compute dtype, dz, and partials of the norm_in gradients."""
@@ -252,7 +264,7 @@ def _tri_mul_proj_bwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, DAB, MEAN, RSTD, DZ, 
             w_p_t = _weight_t(W_P, part * H + ch, in_ch, offs_c, in_c, C)         # [BC, BHC]
             w_g_t = _weight_t(W_G, part * H + ch, in_ch, offs_c, in_c, C)
             p = _dot(x, w_p_t, DOT_PREC)                                           # [BM, BHC]
-            s = tl.sigmoid(_dot(x, w_g_t, DOT_PREC))
+            s = _gate(_dot(x, w_g_t, DOT_PREC), FAST_GATES)
             cf_mask = in_rows[:, None] & in_ch[None, :]
             dab = tl.load(DAB + part * AB_PART + (b * H + ch)[None, :] * NN + rows[:, None], mask=cf_mask,
                           other=0.0).to(tl.float32) * m[:, None]

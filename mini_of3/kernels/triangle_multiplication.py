@@ -112,7 +112,9 @@ def _resolve_backend(backend: str, z: torch.Tensor, hidden: int) -> str:
 class TriMulTiles:
     """Launch tiles of the four Triton kernels, in launch order: pairs per program (``*_m``) or per tile of a
     persistent program (``*_p``), hidden channels per chunk of the projection kernels (``*_hc``), warps and pipeline
-    stages per program, persistent programs per SM (``*_per_sm``; 0: one program per tile). The defaults are the fastest of the sweeps (C = h = 128, bf16;
+    stages per program, persistent programs per SM (``*_per_sm``; 0: one program per tile); ``fast_gates``: every
+    kernel's sigmoid gates with the approximate ex2 and reciprocal instructions (GPU only; off under the interpreter,
+    which cannot run them). The defaults are the fastest of the sweeps (C = h = 128, bf16;
     ``benchmarks/tune_tri_mul.py``): the projection kernels' on the H200 (tune_tri_mul_9f4fc3f.json: forward +
     backward 3.97 ms at N = 768, 5.23 with the first tiles), the persistent output kernels' on the H100
     (tune_tri_mul_f7eb62a_h100.json: backward 3.53 -> 3.31 ms at N = 768 against one program per tile)."""
@@ -132,6 +134,7 @@ class TriMulTiles:
     proj_bwd_hc: int = 32
     proj_bwd_warps: int = 8
     proj_bwd_stages: int = 3
+    fast_gates: bool = False
 
 
 tri_mul_tiles = TileOverride("tri_mul_tiles", TriMulTiles)
@@ -153,7 +156,8 @@ def _tiles(C: int, hidden: int) -> TriMulTiles:
         tiles = TriMulTiles()
     tiles = tri_mul_tiles.apply(tiles)
     hc = pow2(hidden)
-    return replace(tiles, proj_fwd_hc=min(tiles.proj_fwd_hc, hc), proj_bwd_hc=min(tiles.proj_bwd_hc, hc))
+    return replace(tiles, proj_fwd_hc=min(tiles.proj_fwd_hc, hc), proj_bwd_hc=min(tiles.proj_bwd_hc, hc),
+                   fast_gates=tiles.fast_gates and not interpreting())
 
 
 @functools.cache
@@ -192,7 +196,7 @@ def forward(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_
         z, m_arg, ln_in_w.float().contiguous(), ln_in_b.float().contiguous(), w_p, w_g, w_go, ab, gpre, stats_in[0],
         stats_in[1], *z.stride(), *m_strides, N, NN, B * h * NN, eps,
         C=C, H=h, HAS_MASK=mask is not None, DOT_PREC=_dot_precision(cdt), BLOCK_M=tiles.proj_fwd_m,
-        BLOCK_C=pow2(C), BLOCK_HC=tiles.proj_fwd_hc, num_warps=tiles.proj_fwd_warps,
+        BLOCK_C=pow2(C), BLOCK_HC=tiles.proj_fwd_hc, FAST_GATES=tiles.fast_gates, num_warps=tiles.proj_fwd_warps,
         num_stages=tiles.proj_fwd_stages)
     a, b = ab[0], ab[1]                                                   # [B * h, N, N] each
     t = torch.matmul(a, b.mT) if outgoing else torch.matmul(a.mT, b)     # [B * h, N(i), N(j)]
@@ -203,7 +207,7 @@ def forward(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_
         K._tri_mul_out_fwd, (_programs(n_tiles, tiles.out_fwd_per_sm, dev),),
         t, ln_out_w.float().contiguous(), ln_out_b.float().contiguous(), w_po, gpre, out, stats_out[0], stats_out[1],
         NN, n_tiles, eps, C=C, H=h, DOT_PREC=_dot_precision(cdt), BLOCK_P=tiles.out_fwd_p, BLOCK_C=pow2(C),
-        BLOCK_H=pow2(h), num_warps=tiles.out_fwd_warps, num_stages=tiles.out_fwd_stages)
+        BLOCK_H=pow2(h), FAST_GATES=tiles.fast_gates, num_warps=tiles.out_fwd_warps, num_stages=tiles.out_fwd_stages)
     return out, ab, t, gpre, stats_in, stats_out, w_in, w_po
 
 
@@ -243,8 +247,8 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
         K._tri_mul_out_bwd, (programs,),
         t, ln_out_w.float().contiguous(), ln_out_b.float().contiguous(), w_po, gpre, dout, stats_out[0], stats_out[1],
         dt, ta, dy, dpg, part_out, *dout.stride(), N, NN, n_tiles, C=C, H=h, DOT_PREC=prec,
-        BLOCK_P=tiles.out_bwd_p, BLOCK_C=pow2(C), BLOCK_H=pow2(h), num_warps=tiles.out_bwd_warps,
-        num_stages=tiles.out_bwd_stages)
+        BLOCK_P=tiles.out_bwd_p, BLOCK_C=pow2(C), BLOCK_H=pow2(h), FAST_GATES=tiles.fast_gates,
+        num_warps=tiles.out_bwd_warps, num_stages=tiles.out_bwd_stages)
     d_ln_out = part_out.sum(0)                                                   # [2, pow2(h)]
     d_p_out = _weight_grad(dy.mT, ta.mT, p_out.dtype)                            # [C, h]
     del dy, ta
@@ -271,7 +275,8 @@ def backward(dout, z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_
         z, m_arg, ln_in_w.float().contiguous(), ln_in_b.float().contiguous(), w_p, w_g, w_go, dab, stats_in[0],
         stats_in[1], dz, dpg, x, part_in, *z.stride(), *m_strides, N, NN, B * h * NN,
         C=C, H=h, HAS_MASK=mask is not None, DOT_PREC=prec, BLOCK_M=tiles.proj_bwd_m, BLOCK_C=pow2(C),
-        BLOCK_HC=tiles.proj_bwd_hc, num_warps=tiles.proj_bwd_warps, num_stages=tiles.proj_bwd_stages)
+        BLOCK_HC=tiles.proj_bwd_hc, FAST_GATES=tiles.fast_gates, num_warps=tiles.proj_bwd_warps,
+        num_stages=tiles.proj_bwd_stages)
     d_ln_in = part_in.sum(0)                                                     # [2, pow2(C)]
     d_pg = _weight_grad(dpg, x, torch.float32)                                   # [4 h + C, C]
     return dz, d_ln_in, d_pg, d_ln_out, d_p_out

@@ -132,6 +132,24 @@ def test_other_tiles_compute_the_same_function(tiles):
 
 
 @pytest.mark.parametrize("direction", ["outgoing", "incoming"])
+def test_fast_gates_meet_the_reference(direction):
+    """``fast_gates`` (approximate ex2 and reciprocal for every sigmoid gate) within the same bounds; under the
+    interpreter, which cannot run those instructions, the tiles resolve it to the exact gates."""
+    from mini_of3.kernels.triangle_multiplication import tri_mul_tiles
+    n = 97 if torch.cuda.is_available() else 19
+    with tri_mul_tiles(fast_gates=True):
+        check_case(1, n, 32, 32, direction, torch.float32, torch.bfloat16, "bool")
+    if torch.cuda.is_available():   # the switch reaches the kernels: the gates' last bits differ
+        z, pair, weights, dout = make_inputs(1, n, 32, 32, seed=n)
+        exact = run(triangle_multiplication, z, pair, weights, dout, autocast=torch.bfloat16, direction=direction,
+                    backend="triton")
+        with tri_mul_tiles(fast_gates=True):
+            fast = run(triangle_multiplication, z, pair, weights, dout, autocast=torch.bfloat16,
+                       direction=direction, backend="triton")
+        assert not torch.equal(exact["dz"], fast["dz"])
+
+
+@pytest.mark.parametrize("direction", ["outgoing", "incoming"])
 def test_bitwise_repeat(direction):
     """Two runs give identical bits: output, dz and every weight gradient (no atomics, fixed-order sums)."""
     n, c = (97, 128) if DEVICE == "cuda" else (13, 16)
