@@ -13,6 +13,7 @@ Writes ``tune_tri_mul.json`` (one row per N, kernel and candidate) and prints th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import sys
@@ -109,26 +110,24 @@ def compare(n: int, best: dict, device, before=None) -> dict:
         run_bwd(dout, z, mask, weights, res)
 
     result = {"N": n, "best_tiles": tiles}
+
+    def time_fwd_and_fwdbwd(name: str) -> None:
+        result[f"{name}_fwd_ms"] = median_ms(lambda r: run_fwd(sets[r][0], sets[r][1], weights), warmup=3, reps=20,
+                                             rotate=3)
+        result[f"{name}_fwdbwd_ms"] = median_ms(fwdbwd, warmup=3, reps=20, rotate=3)
+
+    z, mask, dout = sets[0]
     if before is not None:
-        global T
-        ours, T = T, before
-        try:
-            result["before_fwd_ms"] = median_ms(lambda r: run_fwd(sets[r][0], sets[r][1], weights), warmup=3,
-                                                reps=20, rotate=3)
-            result["before_fwdbwd_ms"] = median_ms(fwdbwd, warmup=3, reps=20, rotate=3)
+        ours = outputs(z, mask, dout, weights)
+        with _module(before):
+            time_fwd_and_fwdbwd("before")
             result["before_bwd_ms"] = time_pass("bwd", sets, weights)
-            z, mask, dout = sets[0]
-            result["before_max_err_to_ours"] = max(rel_err(a, b) for a, b in zip(
-                outputs(z, mask, dout, weights), _with(ours, outputs, z, mask, dout, weights)))
-        finally:
-            T = ours
+            result["before_max_err_to_ours"] = max(rel_err(a, b) for a, b in zip(outputs(z, mask, dout, weights),
+                                                                                   ours))
         result["default_bwd_ms"] = time_pass("bwd", sets, weights)
     for name, ctx in (("default", {}), ("best", tiles)):
         with T.tri_mul_tiles(**ctx):
-            result[f"{name}_fwd_ms"] = median_ms(lambda r: run_fwd(sets[r][0], sets[r][1], weights), warmup=3,
-                                                 reps=20, rotate=3)
-            result[f"{name}_fwdbwd_ms"] = median_ms(fwdbwd, warmup=3, reps=20, rotate=3)
-            z, mask, dout = sets[0]
+            time_fwd_and_fwdbwd(name)
             first = outputs(z, mask, dout, weights)
             result[f"{name}_bitwise"] = all(all(torch.equal(a, b) for a, b in zip(first, outputs(z, mask, dout,
                                                                                                weights)))
@@ -136,12 +135,13 @@ def compare(n: int, best: dict, device, before=None) -> dict:
     return result
 
 
-def _with(module, fn, *args):
-    """fn(*args) with ``module`` as the triangle multiplication module."""
+@contextlib.contextmanager
+def _module(module):
+    """``module`` (an earlier commit's) as the triangle multiplication module that run_fwd and run_bwd call."""
     global T
     saved, T = T, module
     try:
-        return fn(*args)
+        yield
     finally:
         T = saved
 

@@ -24,13 +24,12 @@ all gradients repeat bitwise for a given device.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 
 import torch
 
 from mini_of3.kernels import tri_mul_kernels as K
-from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, cdiv, eager_function, pow2, stacked
+from mini_of3.kernels.launch import TileOverride, _dot_precision, _new, _num_sms, cdiv, eager_function, pow2, stacked
 from mini_of3.kernels.launcher import interpreting, launch
 from mini_of3.kernels.reference import triangle_multiplication_reference
 
@@ -160,11 +159,6 @@ def _tiles(C: int, hidden: int) -> TriMulTiles:
                    fast_gates=tiles.fast_gates and not interpreting())
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _programs(n_tiles: int, per_sm: int, device: torch.device) -> int:
     """Programs of a persistent kernel over ``n_tiles`` tiles: ``per_sm`` per SM (0: one per tile); two under the
     interpreter, so that the tests' programs take several tiles each."""
@@ -172,7 +166,7 @@ def _programs(n_tiles: int, per_sm: int, device: torch.device) -> int:
         return min(n_tiles, 2)
     if per_sm == 0:
         return n_tiles
-    return min(n_tiles, per_sm * _sm_count(device))
+    return min(n_tiles, per_sm * _num_sms(device))
 
 
 def forward(z, mask, ln_in_w, ln_in_b, p_in, g_in, ln_out_w, ln_out_b, p_out, g_out, outgoing: bool, eps: float,
