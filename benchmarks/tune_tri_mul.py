@@ -74,12 +74,13 @@ def time_pass(which: str, sets, weights) -> float:
                      warmup=3, reps=20, rotate=3)
 
 
-def sweep(n: int, device) -> tuple[list[dict], dict]:
+def sweep(n: int, device, kernels: list[str]) -> tuple[list[dict], dict]:
     sets, weights = setup(n, device)
     z, mask, dout = sets[0]
     reference = outputs(z, mask, dout, weights)
     rows, best = [], {}
-    for kernel, (which, candidates) in KERNELS.items():
+    for kernel in kernels:
+        which, candidates = KERNELS[kernel]
         for tiles in candidates:
             row = {"N": n, "kernel": kernel, "pass": which, "tiles": tiles}
             try:
@@ -153,6 +154,7 @@ def main() -> None:
     parser.add_argument("--before", action="store_true",
                         help="also time the module of an earlier commit, written by `python "
                              "benchmarks/kernels_before_after.py --extract COMMIT` (carry .device)")
+    parser.add_argument("--kernels", default=",".join(KERNELS), help="which candidate groups to sweep")
     args = parser.parse_args()
     device = torch.device("cuda")
     before = None
@@ -162,7 +164,7 @@ def main() -> None:
     result = result_header("tune_tri_mul", prog="python benchmarks/tune_tri_mul.py")
     result["summary"] = []
     for n in (int(x) for x in args.ns.split(",")):
-        rows, best = sweep(n, device)
+        rows, best = sweep(n, device, args.kernels.split(","))
         result["rows"] += rows
         result["summary"].append(compare(n, best, device, before))
         write_json(result, Path(args.out) / "tune_tri_mul.json")
