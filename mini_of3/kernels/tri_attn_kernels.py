@@ -245,9 +245,9 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, O, LSE, G,
     mask_next = _key_mask(KEY_BIAS, m_base, offs_kt, sm_k, J, HAS_KEY_BIAS)
     for k0 in tl.range(0, J, BLOCK_K, warp_specialize=WS):
         offs_k = k0 + offs_kt
+        bias_t = _bias_block(bias_rows, bias_desc, jb * BLOCK_J, k0, offs_j, offs_k, sb_k, J, scale, TMA)
         key_mask = mask_next                                                                    # [BK]
         mask_next = _key_mask(KEY_BIAS, m_base, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
-        bias_t = _bias_block(bias_rows, bias_desc, jb * BLOCK_J, k0, offs_j, offs_k, sb_k, J, scale, TMA)
         k = _rows(k_row, k_desc, i, k0, offs_k, offs_d, sk_j, sk_d, J, BLOCK_K, BLOCK_D, TMA)   # [BK, D]
         v = _rows(v_row, v_desc, i, k0, offs_k, offs_d, sv_j, sv_d, J, BLOCK_K, BLOCK_D, TMA)   # [BK, D]
         t = _scores(q, k, bias_t, key_mask, DOT_PREC)                                           # [BJ, BK]
