@@ -119,18 +119,7 @@ def main():
         "model dq 64x64 s2": (tiles(dq_block_k=64, dq_stages=2), Algorithm(split_ds=False), {"layout": "model"}),
         "model dq 64x64 s2 rows 1": (tiles(dq_block_k=64, dq_stages=2, dq_rows=1), Algorithm(split_ds=False),
                                      {"layout": "model"}),
-        # tensor-descriptor loads, and with them Triton's warp specialization of the forward, dQ and dbias loops
-        "model tma": (tiles(tma=True), Algorithm(split_ds=False), {"layout": "model"}),
-        "model tma ws": (tiles(tma=True, fwd_ws=True, dq_ws=True, dbias_ws=True), Algorithm(split_ds=False),
-                         {"layout": "model"}),
-        "model tma ws s3": (tiles(tma=True, fwd_ws=True, dq_ws=True, dbias_ws=True, fwd_stages=3, dbias_stages=2),
-                            Algorithm(split_ds=False), {"layout": "model"}),
-        "model tma ws fwd 128x64 dq rows 1": (tiles(tma=True, fwd_ws=True, dq_ws=True, dbias_ws=True,
-                                                    fwd_block_j=128, dq_rows=1), Algorithm(split_ds=False),
-                                              {"layout": "model"}),
         "model_t": (base, Algorithm(split_ds=False), {"layout": "model_t"}),
-        "model_t tma ws": (tiles(tma=True, fwd_ws=True, dq_ws=True, dbias_ws=True), Algorithm(split_ds=False),
-                           {"layout": "model_t"}),
         "model_t dq rows 1": (tiles(dq_rows=1), Algorithm(split_ds=False), {"layout": "model_t"}),
     }
     if args.only:

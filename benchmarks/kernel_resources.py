@@ -11,7 +11,6 @@ the GPU machine's (3.6): use it to compare variants, and confirm on the GPU.
     python benchmarks/kernel_resources.py                 # the autotuning candidates of every kernel, D = 32
     python benchmarks/kernel_resources.py --head-dim 64 --maxnreg 168
     python benchmarks/kernel_resources.py --kernel transition   # tiles of the fused transition, C = 128, n = 4
-    python benchmarks/kernel_resources.py --kernel fwd --tma    # the tensor-descriptor loads (bf16 bias)
 """
 from __future__ import annotations
 
@@ -86,13 +85,10 @@ def main() -> None:
     parser.add_argument("--kernel", choices=("fwd", "dq", "dkdv", "dbias", "all", "transition"), default="all")
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--maxnreg", type=int, default=None)
-    parser.add_argument("--tma", action="store_true", help="tensor-descriptor loads (the model's bf16 bias)")
     args = parser.parse_args()
     d = args.head_dim
-    common = dict(HAS_KEY_BIAS=True, SIGMOID=False, FAST_EXP=True, DOT_PREC="tf32", BLOCK_D=d, TMA=args.tma,
+    common = dict(HAS_KEY_BIAS=True, SIGMOID=False, FAST_EXP=True, DOT_PREC="tf32", BLOCK_D=d,
                   GATED=True)   # the model's gated attention
-    if args.tma:
-        POINTERS["BIAS"] = "*bf16"
     jobs = []   # the default backward: the forward (lse, p unsplit), dQ (exact delta), dK/dV, dbias
     if args.kernel in ("fwd", "all"):
         for c in _fwd_configs(d):

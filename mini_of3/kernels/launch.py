@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 
 import torch
 import triton
-from triton.runtime import _allocation
 
 from mini_of3.kernels import tri_attn_kernels as K
 from mini_of3.kernels.launcher import interpreting, launch
@@ -112,11 +111,6 @@ class LaunchConfig:
     dkdv_stages: int = 1
     dkdv_prefetch: int = 2            # what the dK/dV kernel loads one query tile ahead: 0 nothing, 1 q and dO,
                                       # 2 also the bias tile
-    tma: bool = False                 # the forward, dQ and dbias kernels read q, k, v, dO and the bias through
-                                      # tensor descriptors where TMA allows (sm90+, aligned strides); same values
-    fwd_ws: bool = False              # with tma, Triton warp-specializes the kernel's main loop (sm_90, 4-warp
-    dq_ws: bool = False               # tiles: 4 more warps issue the TMA loads, 8 compute with more registers
-    dbias_ws: bool = False            # each); same values
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -344,38 +338,6 @@ def _persistent_programs(items: int, device: torch.device) -> int:
     return math.ceil(items / per_program)
 
 
-def _tma_ready(*tensors: torch.Tensor) -> bool:
-    """Whether tensor descriptors can read these q-like [B, I, J, H, D] and bias [B, H, J, K] tensors: a GPU with
-    TMA (compute capability 9 or more) or the interpreter, the last dim contiguous, every other stride positive and
-    a multiple of 16 bytes, the data 16-byte aligned (TMA's rules for the descriptors the kernels build per (b, h))."""
-    if not interpreting() and not (tensors[0].is_cuda and torch.cuda.get_device_capability(tensors[0].device)[0] >= 9):
-        return False
-    for t in tensors:
-        aligned = 16 // t.element_size()
-        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s <= 0 or s % aligned for s in t.stride()[:-1]):
-            return False
-    return True
-
-
-def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
-    return torch.empty(size, dtype=torch.int8, device="cpu" if interpreting() else "cuda")
-
-
-def _tma_allocator() -> None:
-    """Triton allocates the in-kernel descriptors' global scratch through the allocator of ``triton.set_allocator``,
-    a context variable: set it (to the CUDA caching allocator) in each thread that launches, the autograd engine's
-    backward thread included, unless one is set there already."""
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_scratch)
-
-
-def _use_tma(config: LaunchConfig, *tensors: torch.Tensor) -> bool:
-    use = config.tma and _tma_ready(*tensors)
-    if use:
-        _tma_allocator()
-    return use
-
-
 def _key_bias_args(key_bias: torch.Tensor | None, fallback: torch.Tensor) -> tuple:
     """(pointer, strides) for the kernels; any tensor stands in for an absent key term (never read)."""
     if key_bias is None:
@@ -397,12 +359,10 @@ def forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: boo
             *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *o.stride(), B, I, J, H, scale)
     flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, STORE_LSE=store_lse, FAST_EXP=fast_exp,
                  DOT_PREC=_dot_precision(q.dtype), BLOCK_D=D, GATED=gate is not None)
-    flags["TMA"] = _use_tma(config, q, k, v, bias)
-    flags["WS"] = flags["TMA"] and config.fwd_ws
     fixed = triton.Config({"BLOCK_J": config.fwd_block_j, "BLOCK_K": config.fwd_block_k},
                           num_warps=config.fwd_warps, num_stages=config.fwd_stages)
     _launch("fwd", K._fwd, _fwd_configs(D), fixed, lambda meta: (B * I * H * cdiv(J, meta["BLOCK_J"]),),
-            args, _bucket(J), flags, ("GATED", "TMA", "WS"))
+            args, _bucket(J), flags, ("GATED",))
     return o, lse
 
 
@@ -450,11 +410,9 @@ def backward(do, q, k, v, bias, key_bias, o, lse, sigmoid: bool, scale: float, s
                              num_warps=config.dq_warps, num_stages=config.dq_stages)
     flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, DOT_PREC=_dot_precision(q.dtype), BLOCK_D=D,
                  FAST_EXP=fast_exp)
-    dq_tma = _use_tma(config, q, k, v, bias, do_attn)
     _launch("dq", K._bwd_dq, _dq_configs(D), dq_fixed,
             lambda meta: (B * cdiv(I, meta["ROWS"]) * H * cdiv(J, meta["BLOCK_J"]),), dq_args,
-            _bucket(J), dict(flags, SPLIT_DS=split_ds, GATED=gate is not None, TMA=dq_tma,
-                             WS=dq_tma and config.dq_ws), ("SPLIT_DS", "GATED", "TMA", "WS"))
+            _bucket(J), dict(flags, SPLIT_DS=split_ds, GATED=gate is not None), ("SPLIT_DS", "GATED"))
 
     # the dbias and dK/dV kernels see the attention's own dO
     common = (q, k, v, bias, kb_arg, do_attn, lse, delta)
@@ -494,11 +452,10 @@ def _dbias(common: tuple, strides: tuple, flags: dict, q: torch.Tensor, bias: to
     chunks = math.ceil(I / rows_per_chunk)
     dbias = _new((B, H, J, J), bias.dtype, device)
     part = dbias[None] if chunks == 1 else torch.empty((chunks, B, H, J, J), dtype=torch.float32, device=device)
-    tma = _use_tma(config, *common[:4], common[5])
     _launch("dbias", K._bwd_dbias, _dbias_configs(),
             triton.Config({}, num_warps=config.dbias_warps, num_stages=config.dbias_stages), (tiles * chunks,),
             (*common, part, *strides, *part.stride(), B, I, J, H, scale, rows_per_chunk), _bucket(J),
-            dict(flags, BLOCK_J=block_j, BLOCK_K=block_k, TMA=tma, WS=tma and config.dbias_ws), ("TMA", "WS"))
+            dict(flags, BLOCK_J=block_j, BLOCK_K=block_k))
     if chunks > 1:
         n = dbias.numel()
         launch(K._sum_chunks, (cdiv(n, 1024),), part, dbias, chunks, n, BLOCK=1024, num_warps=4)

@@ -39,26 +39,6 @@ def _load_tile(ptr, offs_rows, offs_d, stride_row, stride_d, n_rows):
 
 
 @triton.jit
-def _slice_desc(base, I, J, s_i, s_j, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """A tensor-memory-accelerator (TMA) descriptor of one (b, h) slice [I, J, D] of q, k, v or dO (d contiguous),
-    read in [1, BLOCK_ROWS, D] boxes; rows past J read as zeros, as _load_tile's."""
-    return tl.make_tensor_descriptor(base, shape=[I, J, BLOCK_D], strides=[s_i, s_j, 1],
-                                     block_shape=[1, BLOCK_ROWS, BLOCK_D])
-
-
-@triton.jit
-def _desc_rows(desc, i, row0, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Rows row0 .. row0 + BLOCK_ROWS of row i through a _slice_desc descriptor: [BLOCK_ROWS, D]."""
-    return tl.reshape(desc.load([i.to(tl.int32), row0, 0]), [BLOCK_ROWS, BLOCK_D])
-
-
-@triton.jit
-def _bias_desc(base, J, s_j, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
-    """A TMA descriptor of one (b, h) bias [J, K] (k contiguous) in [BLOCK_ROWS, BLOCK_COLS] boxes, zeros outside."""
-    return tl.make_tensor_descriptor(base, shape=[J, J], strides=[s_j, 1], block_shape=[BLOCK_ROWS, BLOCK_COLS])
-
-
-@triton.jit
 def _key_mask(KEY_BIAS, m_base, offs_k, sm_k, J, HAS_KEY_BIAS: tl.constexpr):
     """The additive key term [BK] of the raw scores, -inf past the end: from the caller's bool mask (softmax: 0 or
     -inf) or from a float32 key bias built on the host (0 or -inf, plus beta / scale for sigmoid)."""
@@ -147,31 +127,14 @@ def _bias_tile(bias_rows, offs_rows, offs_cols, s_col, J, scale):
 
 
 @triton.jit
-def _rows(row_ptr, desc, i, row0, offs_rows, offs_d, s_row, s_d, n_rows, BLOCK_ROWS: tl.constexpr,
-          BLOCK_D: tl.constexpr, TMA: tl.constexpr):
-    """Rows row0 .. row0 + BLOCK_ROWS of row i of q, k, v or dO, [BLOCK_ROWS, D], 0 past n_rows: through the
-    _slice_desc descriptor (TMA), else from row_ptr, the pointer of row i (offs_rows = row0 + arange)."""
-    if TMA:
-        return _desc_rows(desc, i, row0, BLOCK_ROWS, BLOCK_D)
-    else:
-        return _load_tile(row_ptr, offs_rows, offs_d, s_row, s_d, n_rows)
-
-
-@triton.jit
-def _bias_block(bias_rows, desc, row0, col0, offs_rows, offs_cols, s_col, J, scale, TMA: tl.constexpr):
-    """The [BJ, BK] bias tile at (row0, col0) in raw-score units as _bias_tile's, through the _bias_desc
-    descriptor (TMA) or from the pointers of its rows."""
-    if TMA:
-        return desc.load([row0, col0]).to(tl.float32) * (1.0 / scale)
-    else:
-        return _bias_tile(bias_rows, offs_rows, offs_cols, s_col, J, scale)
-
-
-@triton.jit
-def _scores(q, k, bias_t, key_mask, DOT_PREC: tl.constexpr):
-    """The raw scores t = q.k + bias / scale + key term [BJ, BK] of one query tile and one key tile; the forward,
-    the dQ and the dbias kernels share it, so all see the same t."""
-    return _dot(q, tl.trans(k), DOT_PREC, acc=bias_t + key_mask[None, :])
+def _key_tile_scores(q, k_base, v_base, bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J,
+                     DOT_PREC: tl.constexpr):
+    """k, v [BK, D] of one key tile of one row and its raw scores t = q.k + bias / scale + key term [BJ, BK]; the
+    forward, the dQ and the dbias kernels share it, so all see the same t."""
+    k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                      # [BK, D]
+    v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                      # [BK, D]
+    t = _dot(q, tl.trans(k), DOT_PREC, acc=bias_t + key_mask[None, :])
+    return k, v, t
 
 
 @triton.jit
@@ -211,12 +174,10 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, O, LSE, G,
          B, I, J, H, scale, J_BUCKET,
          HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, STORE_LSE: tl.constexpr, FAST_EXP: tl.constexpr,
          DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-         GATED: tl.constexpr = False, TMA: tl.constexpr = False, WS: tl.constexpr = False):
+         GATED: tl.constexpr = False):
     """o of one query tile of one row: online softmax in base 2 (the score t * scale2 applied inside the exponent's
     FMA), or for sigmoid o = sum_k sigmoid(t) v; for a backward (STORE_LSE) also the base-2 log-sum-exp. GATED
-    stores sigmoid(g) * o instead (AF3 SI Alg 14 line 6), g [B, I, J, H, D] with q's strides (one projection).
-    TMA loads the q, k, v and bias tiles through tensor descriptors (same values, no address tiles); WS (with TMA,
-    sm_90) lets Triton warp-specialize the key loop: producer warps issue the tile loads, the others compute."""
+    stores sigmoid(g) * o instead (AF3 SI Alg 14 line 6), g [B, I, J, H, D] with q's strides (one projection)."""
     jb, h, i, b64 = _query_tile_program(J, H, I, BLOCK_J)
     offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
     offs_d = tl.arange(0, BLOCK_D)
@@ -225,17 +186,7 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, O, LSE, G,
     v_row = V + b64 * sv_b + i * sv_i + h * sv_h
     bias_rows = BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j
     m_base = b64 * sm_b + i * sm_i
-    q_desc = None
-    k_desc = None
-    v_desc = None
-    bias_desc = None
-    if TMA:
-        q_desc = _slice_desc(Q + b64 * sq_b + h * sq_h, I, J, sq_i, sq_j, BLOCK_J, BLOCK_D)
-        k_desc = _slice_desc(K + b64 * sk_b + h * sk_h, I, J, sk_i, sk_j, BLOCK_K, BLOCK_D)
-        v_desc = _slice_desc(V + b64 * sv_b + h * sv_h, I, J, sv_i, sv_j, BLOCK_K, BLOCK_D)
-        bias_desc = _bias_desc(BIAS + b64 * sb_b + h * sb_h, J, sb_j, BLOCK_J, BLOCK_K)
-    q = _rows(Q + b64 * sq_b + i * sq_i + h * sq_h, q_desc, i, jb * BLOCK_J, offs_j, offs_d, sq_j, sq_d, J,
-              BLOCK_J, BLOCK_D, TMA)                                                            # [BJ, D]
+    q = _load_tile(Q + b64 * sq_b + i * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)     # [BJ, D]
     scale2 = _base2(scale)
     m_run = tl.full([BLOCK_J], float("-inf"), dtype=tl.float32)
     l_run = tl.zeros([BLOCK_J], dtype=tl.float32)
@@ -243,14 +194,13 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, O, LSE, G,
     # small loads (the key mask here, row statistics in the backward) are issued one iteration ahead by hand: the
     # software pipeliner leaves them on the critical path
     mask_next = _key_mask(KEY_BIAS, m_base, offs_kt, sm_k, J, HAS_KEY_BIAS)
-    for k0 in tl.range(0, J, BLOCK_K, warp_specialize=WS):
+    for k0 in range(0, J, BLOCK_K):
         offs_k = k0 + offs_kt
-        bias_t = _bias_block(bias_rows, bias_desc, jb * BLOCK_J, k0, offs_j, offs_k, sb_k, J, scale, TMA)
+        bias_t = _bias_tile(bias_rows, offs_j, offs_k, sb_k, J, scale)                          # [BJ, BK]
         key_mask = mask_next                                                                    # [BK]
         mask_next = _key_mask(KEY_BIAS, m_base, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
-        k = _rows(k_row, k_desc, i, k0, offs_k, offs_d, sk_j, sk_d, J, BLOCK_K, BLOCK_D, TMA)   # [BK, D]
-        v = _rows(v_row, v_desc, i, k0, offs_k, offs_d, sv_j, sv_d, J, BLOCK_K, BLOCK_D, TMA)   # [BK, D]
-        t = _scores(q, k, bias_t, key_mask, DOT_PREC)                                           # [BJ, BK]
+        k, v, t = _key_tile_scores(q, k_row, v_row, bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J,
+                                   DOT_PREC)                                                    # t: [BJ, BK]
         if SIGMOID:
             acc += _dot(_sigmoid2(t * scale2, FAST_EXP).to(v.dtype), v, DOT_PREC)
         else:
@@ -303,14 +253,13 @@ def _gate_bwd(DOUT, OUT, G, DG, DO, DELTA0,
 
 
 @triton.jit
-def _dq_row_start(Q, DO, O, LSE, DELTA0, q_desc, do_desc, i, row0, q_base, do_base, o_base, row_base, offs_j, offs_d,
-                  sq_j, sq_d, sd_j, sd_d, so_j, so_d, J, SIGMOID: tl.constexpr, GATED: tl.constexpr,
-                  BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr, TMA: tl.constexpr):
+def _dq_row_start(Q, DO, O, LSE, DELTA0, q_base, do_base, o_base, row_base, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d,
+                  so_j, so_d, J, SIGMOID: tl.constexpr, GATED: tl.constexpr):
     """q, dO [BJ, D] and lse, delta0 [BJ] of one row; delta0 = rowsum(dO * o) from the rounded output o (softmax;
     sigmoid needs neither statistic), or (GATED) as _gate_bwd left it in DELTA0 (a buffer of its own: an autotuning
     run, which repeats the kernel, must not read the delta a previous run wrote)."""
-    q = _rows(Q + q_base, q_desc, i, row0, offs_j, offs_d, sq_j, sq_d, J, BLOCK_J, BLOCK_D, TMA)       # [BJ, D]
-    do = _rows(DO + do_base, do_desc, i, row0, offs_j, offs_d, sd_j, sd_d, J, BLOCK_J, BLOCK_D, TMA)  # [BJ, D]
+    q = _load_tile(Q + q_base, offs_j, offs_d, sq_j, sq_d, J)                              # [BJ, D]
+    do = _load_tile(DO + do_base, offs_j, offs_d, sd_j, sd_d, J)                           # [BJ, D]
     if SIGMOID:
         lse = tl.zeros(offs_j.shape, dtype=tl.float32)
         delta = lse
@@ -325,14 +274,12 @@ def _dq_row_start(Q, DO, O, LSE, DELTA0, q_desc, do_desc, i, row0, q_base, do_ba
 
 
 @triton.jit
-def _dq_row_step(q, do, k_row, v_row, k_desc, v_desc, i, k0, bias_t, key_mask, lse, delta, dq, p_dp, p_sum, pk,
-                 offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J, scale2, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
-                 FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-                 TMA: tl.constexpr):
+def _dq_row_step(q, do, k_base, v_base, bias_t, key_mask, lse, delta, dq, p_dp, p_sum, pk, offs_k, offs_d,
+                 sk_j, sk_d, sv_j, sv_d, J, scale2, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
+                 FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr):
     """One key tile of one row of _bwd_dq: dq += dS k, and for softmax the sums of p * dP, p and p k."""
-    k = _rows(k_row, k_desc, i, k0, offs_k, offs_d, sk_j, sk_d, J, BLOCK_K, BLOCK_D, TMA)       # [BK, D]
-    v = _rows(v_row, v_desc, i, k0, offs_k, offs_d, sv_j, sv_d, J, BLOCK_K, BLOCK_D, TMA)       # [BK, D]
-    t = _scores(q, k, bias_t, key_mask, DOT_PREC)                                               # [BJ, BK]
+    k, v, t = _key_tile_scores(q, k_base, v_base, bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J,
+                               DOT_PREC)                                                   # t: [BJ, BK]
     dp = _dot(do, tl.trans(v), DOT_PREC)                                                   # [BJ, BK]
     p, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
     dq += _dot_split(ds, k, SPLIT_DS, DOT_PREC)                                            # [BJ, D]
@@ -365,8 +312,7 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ, DELTA0,
             B, I, J, H, scale, J_BUCKET,
             HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr, FAST_EXP: tl.constexpr,
             DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-            ROWS: tl.constexpr = 1, GATED: tl.constexpr = False, TMA: tl.constexpr = False,
-            WS: tl.constexpr = False):
+            ROWS: tl.constexpr = 1, GATED: tl.constexpr = False):
     """dQ, one program per (query tile, head, ROWS rows, batch) as the forward: a loop over key tiles recomputes p
     and dS = p (dP - delta) and accumulates dQ = dS k in registers. ROWS = 2 rows share each bias tile load; a
     second row past the end (odd I) is computed on row I - 1 and not stored.
@@ -389,54 +335,39 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ, DELTA0,
     bias_base = BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j
     row_base = (b64 * H + h) * I * J                                 # + i * J: into LSE, DELTA [B, H, I, J]
     scale2 = _base2(scale)
-    q_desc = None
-    do_desc = None
-    k_desc = None
-    v_desc = None
-    bias_desc = None
-    if TMA:
-        q_desc = _slice_desc(Q + b64 * sq_b + h * sq_h, I, J, sq_i, sq_j, BLOCK_J, BLOCK_D)
-        do_desc = _slice_desc(DO + b64 * sd_b + h * sd_h, I, J, sd_i, sd_j, BLOCK_J, BLOCK_D)
-        k_desc = _slice_desc(K + b64 * sk_b + h * sk_h, I, J, sk_i, sk_j, BLOCK_K, BLOCK_D)
-        v_desc = _slice_desc(V + b64 * sv_b + h * sv_h, I, J, sv_i, sv_j, BLOCK_K, BLOCK_D)
-        bias_desc = _bias_desc(BIAS + b64 * sb_b + h * sb_h, J, sb_j, BLOCK_J, BLOCK_K)
-    q0, do0, lse0, delta0 = _dq_row_start(Q, DO, O, LSE, DELTA0, q_desc, do_desc, i0, jb * BLOCK_J,
-                                          b64 * sq_b + i0 * sq_i + h * sq_h, b64 * sd_b + i0 * sd_i + h * sd_h,
-                                          b64 * so_b + i0 * so_i + h * so_h, row_base + i0 * J, offs_j, offs_d,
-                                          sq_j, sq_d, sd_j, sd_d, so_j, so_d, J, SIGMOID, GATED, BLOCK_J, BLOCK_D,
-                                          TMA)
+    q0, do0, lse0, delta0 = _dq_row_start(Q, DO, O, LSE, DELTA0, b64 * sq_b + i0 * sq_i + h * sq_h,
+                                          b64 * sd_b + i0 * sd_i + h * sd_h, b64 * so_b + i0 * so_i + h * so_h,
+                                          row_base + i0 * J, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d, so_j, so_d, J,
+                                          SIGMOID, GATED)
     dq0 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
     p_dp0 = tl.zeros([BLOCK_J], dtype=tl.float32)
     p_sum0 = tl.zeros([BLOCK_J], dtype=tl.float32)
     pk0 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
     mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
     if ROWS == 2:
-        q1, do1, lse1, delta1 = _dq_row_start(Q, DO, O, LSE, DELTA0, q_desc, do_desc, i1, jb * BLOCK_J,
-                                              b64 * sq_b + i1 * sq_i + h * sq_h, b64 * sd_b + i1 * sd_i + h * sd_h,
-                                              b64 * so_b + i1 * so_i + h * so_h, row_base + i1 * J, offs_j, offs_d,
-                                              sq_j, sq_d, sd_j, sd_d, so_j, so_d, J, SIGMOID, GATED, BLOCK_J,
-                                              BLOCK_D, TMA)
+        q1, do1, lse1, delta1 = _dq_row_start(Q, DO, O, LSE, DELTA0, b64 * sq_b + i1 * sq_i + h * sq_h,
+                                              b64 * sd_b + i1 * sd_i + h * sd_h, b64 * so_b + i1 * so_i + h * so_h,
+                                              row_base + i1 * J, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d, so_j,
+                                              so_d, J, SIGMOID, GATED)
         dq1 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
         p_dp1 = tl.zeros([BLOCK_J], dtype=tl.float32)
         p_sum1 = tl.zeros([BLOCK_J], dtype=tl.float32)
         pk1 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
         mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
-    for k0 in tl.range(0, J, BLOCK_K, warp_specialize=WS):
+    for k0 in range(0, J, BLOCK_K):
         offs_k = k0 + offs_kt
-        bias_t = _bias_block(bias_base, bias_desc, jb * BLOCK_J, k0, offs_j, offs_k, sb_k, J, scale, TMA)
+        bias_t = _bias_tile(bias_base, offs_j, offs_k, sb_k, J, scale)                         # [BJ, BK]
         mask0 = mask_next0
         mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
-        dq0, p_dp0, p_sum0, pk0 = _dq_row_step(q0, do0, k_base + i0 * sk_i, v_base + i0 * sv_i, k_desc, v_desc,
-                                               i0, k0, bias_t, mask0, lse0, delta0, dq0, p_dp0, p_sum0, pk0, offs_k,
-                                               offs_d, sk_j, sk_d, sv_j, sv_d, J, scale2, SIGMOID, SPLIT_DS,
-                                               FAST_EXP, DOT_PREC, BLOCK_K, BLOCK_D, TMA)
+        dq0, p_dp0, p_sum0, pk0 = _dq_row_step(q0, do0, k_base + i0 * sk_i, v_base + i0 * sv_i, bias_t, mask0,
+                                               lse0, delta0, dq0, p_dp0, p_sum0, pk0, offs_k, offs_d, sk_j, sk_d,
+                                               sv_j, sv_d, J, scale2, SIGMOID, SPLIT_DS, FAST_EXP, DOT_PREC)
         if ROWS == 2:
             mask1 = mask_next1
             mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
-            dq1, p_dp1, p_sum1, pk1 = _dq_row_step(q1, do1, k_base + i1 * sk_i, v_base + i1 * sv_i, k_desc,
-                                                   v_desc, i1, k0, bias_t, mask1, lse1, delta1, dq1, p_dp1, p_sum1,
-                                                   pk1, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J, scale2, SIGMOID,
-                                                   SPLIT_DS, FAST_EXP, DOT_PREC, BLOCK_K, BLOCK_D, TMA)
+            dq1, p_dp1, p_sum1, pk1 = _dq_row_step(q1, do1, k_base + i1 * sk_i, v_base + i1 * sv_i, bias_t, mask1,
+                                                   lse1, delta1, dq1, p_dp1, p_sum1, pk1, offs_k, offs_d, sk_j, sk_d,
+                                                   sv_j, sv_d, J, scale2, SIGMOID, SPLIT_DS, FAST_EXP, DOT_PREC)
     g_base = b64 * sg_b + h * sg_h
     _dq_row_store(dq0, delta0, p_dp0, p_sum0, pk0, DQ, DELTA, g_base + i0 * sg_i, row_base + i0 * J, offs_j,
                   offs_d, sg_j, sg_d, J, scale, SIGMOID)
@@ -463,10 +394,9 @@ def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DBIAS,
                so_c, so_b, so_h, so_j, so_k,
                B, I, J, H, scale, rows_per_chunk, J_BUCKET,
                HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr,
-               BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, TMA: tl.constexpr = False,
-               WS: tl.constexpr = False):
+               BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     """dbias of one (query tile, key tile) summed over the rows i of one chunk, in order: the bias tile stays in
-    registers (TMA: each row's q, dO, k, v tiles through tensor descriptors). Program order: key tile fastest, then query tile, head, batch, and the chunk of rows slowest, so that
+    registers. Program order: key tile fastest, then query tile, head, batch, and the chunk of rows slowest, so that
     the programs in flight walk the same rows i together and read each row's q, k, v, dO from HBM once."""
     pid = tl.program_id(0)
     n_kb = tl.cdiv(J, BLOCK_K)
@@ -486,33 +416,19 @@ def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DBIAS,
     acc = tl.zeros([BLOCK_J, BLOCK_K], dtype=tl.float32)
     i_start = c * rows_per_chunk
     i_end = tl.minimum(i_start + rows_per_chunk, I)
-    q_desc = None
-    do_desc = None
-    k_desc = None
-    v_desc = None
-    if TMA:
-        q_desc = _slice_desc(Q + b64 * sq_b + h * sq_h, I, J, sq_i, sq_j, BLOCK_J, BLOCK_D)
-        do_desc = _slice_desc(DO + b64 * sd_b + h * sd_h, I, J, sd_i, sd_j, BLOCK_J, BLOCK_D)
-        k_desc = _slice_desc(K + b64 * sk_b + h * sk_h, I, J, sk_i, sk_j, BLOCK_K, BLOCK_D)
-        v_desc = _slice_desc(V + b64 * sv_b + h * sv_h, I, J, sv_i, sv_j, BLOCK_K, BLOCK_D)
     # the key mask and row statistics of row i + 1 are loaded while row i is computed (by hand; see _fwd)
     key_mask_next, lse_next, delta_next = _dbias_row_vectors(KEY_BIAS, LSE, DELTA, b64, h, i_start, I, J, H, sm_b,
                                                              sm_i, sm_k, offs_j, offs_k, in_j, HAS_KEY_BIAS, SIGMOID)
-    for i in tl.range(i_start, i_end, warp_specialize=WS):
+    for i in range(i_start, i_end):
         i64 = tl.cast(i, tl.int64)
         key_mask, lse, delta = key_mask_next, lse_next, delta_next
         key_mask_next, lse_next, delta_next = _dbias_row_vectors(KEY_BIAS, LSE, DELTA, b64, h, i + 1, I, J, H,
                                                                  sm_b, sm_i, sm_k, offs_j, offs_k, in_j,
                                                                  HAS_KEY_BIAS, SIGMOID)
-        q = _rows(Q + b64 * sq_b + i64 * sq_i + h * sq_h, q_desc, i64, jb * BLOCK_J, offs_j, offs_d, sq_j, sq_d, J,
-                  BLOCK_J, BLOCK_D, TMA)                                                        # [BJ, D]
-        do = _rows(DO + b64 * sd_b + i64 * sd_i + h * sd_h, do_desc, i64, jb * BLOCK_J, offs_j, offs_d, sd_j, sd_d,
-                   J, BLOCK_J, BLOCK_D, TMA)                                                    # [BJ, D]
-        k = _rows(K + b64 * sk_b + i64 * sk_i + h * sk_h, k_desc, i64, kb * BLOCK_K, offs_k, offs_d, sk_j, sk_d, J,
-                  BLOCK_K, BLOCK_D, TMA)                                                        # [BK, D]
-        v = _rows(V + b64 * sv_b + i64 * sv_i + h * sv_h, v_desc, i64, kb * BLOCK_K, offs_k, offs_d, sv_j, sv_d, J,
-                  BLOCK_K, BLOCK_D, TMA)                                                        # [BK, D]
-        t = _scores(q, k, bias_t, key_mask, DOT_PREC)                                           # [BJ, BK]
+        q = _load_tile(Q + b64 * sq_b + i64 * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)
+        do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J)
+        k, v, t = _key_tile_scores(q, K + b64 * sk_b + i64 * sk_i + h * sk_h, V + b64 * sv_b + i64 * sv_i + h * sv_h,
+                                   bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J, DOT_PREC)
         dp = _dot(do, tl.trans(v), DOT_PREC)
         _, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
         acc += ds

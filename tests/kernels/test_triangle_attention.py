@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mini_of3.kernels import gated_triangle_attention, triangle_attention, triangle_attention_ref
-from mini_of3.kernels.launch import LaunchConfig, algorithm, interpreting, launch_config
+from mini_of3.kernels.launch import LaunchConfig, algorithm, launch_config
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # relative Frobenius error against float64. The interpreter rounds float32 -> bf16 by truncation (twice the error
@@ -163,60 +163,6 @@ def test_small_tiles_cover_many_tile_loops(dq_rows, prefetch):
     ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
     for g, r in zip(got, ref):
         assert rel_err(g, r) < TOLERANCE[torch.float32]
-
-
-@pytest.mark.parametrize("B,I,N,H,D,dtype,activation,transposed,gated", [
-    (1, 3, 40, 2, 16, torch.bfloat16, "softmax", False, False),   # N = 40: partial 16 x 32 tiles, zero fill past J
-    (2, 2, 20, 1, 32, torch.float32, "sigmoid", True, False),     # the ending node's transposed views
-    (1, 3, 24, 2, 16, torch.bfloat16, "softmax", True, True),     # views of one packed projection, gated
-])
-def test_tensor_descriptor_loads_give_the_same_bits(B, I, N, H, D, dtype, activation, transposed, gated,
-                                                    monkeypatch):
-    """``LaunchConfig(tma=True)``: the forward, dQ and dbias kernels read q, k, v, dO and the bias through TMA
-    descriptors instead of pointer tiles: the same values, so every output and gradient is bitwise the pointer
-    path's, masked keys and rows past N included (N a multiple of 16 bytes of bias row: TMA's rule). With
-    ``*_ws`` the kernels' main loops are warp-specialized on the GPU (4-warp tiles of 64, which wgmma needs; the
-    interpreter runs them as written): the same bits again."""
-    import mini_of3.kernels.launch as launch_module
-    taken = []
-
-    def spy(kernel, grid, *args, **kwargs):
-        taken.append((kernel.fn.__name__, kwargs.get("TMA"), kwargs.get("WS")))
-        launch_module.launch.__wrapped__(kernel, grid, *args, **kwargs)
-    spy.__wrapped__ = launch_module.launch
-    monkeypatch.setattr(launch_module, "launch", spy)
-    tile = 16 if interpreting() else 64
-    tiles = dict(fwd_block_j=tile, fwd_block_k=tile, dq_block_j=tile, dq_block_k=tile, dbias_block_j=tile,
-                 dbias_block_k=2 * tile if interpreting() else tile, fwd_warps=4, dq_warps=4, dbias_warps=4,
-                 dq_rows=1, dkdv_prefetch=0)
-    runs = []
-    for paths in (dict(tma=False), dict(tma=True), dict(tma=True, fwd_ws=True, dq_ws=True, dbias_ws=True)):
-        with launch_config(**tiles, **paths):
-            if gated:
-                qkvg, bias, mask, dout = make_packed(B, I, N, H, D, dtype, masked=True, transposed=transposed)
-                runs.append(run_gated(qkvg, bias.to(dtype), mask, dout, activation=activation, backend="triton"))
-            else:
-                q, k, v, bias, mask, do = make_inputs(B, I, N, H, D, dtype, masked=True, transposed=transposed,
-                                                      bias_dtype=dtype)
-                runs.append(run(triangle_attention, q, k, v, bias, mask, do, activation=activation,
-                                backend="triton"))
-    assert {(k, True, ws) for k in ("_fwd", "_bwd_dq", "_bwd_dbias") for ws in (False, True)} <= set(taken), taken
-    names = ("out", "dqkvg", "dbias") if gated else ("o", "dq", "dk", "dv", "dbias")
-    for name, pointers, tma, ws in zip(names, *runs):
-        assert torch.equal(pointers, tma), name
-        assert torch.equal(pointers, ws), f"{name} (warp-specialized)"
-    assert not any(t.isnan().any() for t in runs[1] + runs[2]), "a NaN in the descriptor path"
-
-
-def test_tensor_descriptors_need_aligned_strides():
-    """TMA's rules: a last dim that is not contiguous, or a stride that is not a multiple of 16 bytes, keeps the
-    pointer loads."""
-    from mini_of3.kernels.launch import _tma_ready
-    q = torch.randn(1, 4, 8, 2, 16, dtype=torch.bfloat16)
-    assert _tma_ready(q, torch.randn(1, 2, 8, 8, dtype=torch.bfloat16))
-    assert not _tma_ready(q, torch.randn(1, 2, 8, 9, dtype=torch.bfloat16)[..., :8])        # rows 18 bytes apart
-    assert not _tma_ready(q.transpose(-1, -2).contiguous().transpose(-1, -2))               # d not contiguous
-    assert not _tma_ready(torch.randn(1, 4, 8, 2, 17, dtype=torch.bfloat16)[..., :16])
 
 
 def test_launch_config_takes_keywords_only():
