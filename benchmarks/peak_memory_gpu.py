@@ -15,10 +15,11 @@ from mini_of3.bench.common import peak_mib
 from mini_of3.bench.kernels import prepare
 
 
-def allocations(fn) -> list[tuple[str, int, str]]:
-    """(action, bytes, innermost Python frame of ours or the anchor's) for each allocation and free of ``fn``."""
+def allocations(fn, max_entries: int = 100_000) -> list[tuple[str, int, str, int]]:
+    """(action, bytes, innermost Python frame of ours or the anchor's, address) for each allocation and free of
+    ``fn``, the first ``max_entries`` recorded."""
     torch.cuda.synchronize()
-    torch.cuda.memory._record_memory_history(stacks="python", max_entries=100_000)
+    torch.cuda.memory._record_memory_history(stacks="python", max_entries=max_entries)
     fn()
     torch.cuda.synchronize()
     snapshot = torch.cuda.memory._snapshot()
@@ -31,7 +32,7 @@ def allocations(fn) -> list[tuple[str, int, str]]:
             frames = [f for f in e.get("frames", []) if f["filename"].endswith(".py")]
             where = next((f"{f['filename'].rsplit('/', 2)[-1]}:{f['line']} {f['name']}" for f in frames
                           if "torch/" not in f["filename"]), "?")
-            events.append((e["action"], e["size"], where))
+            events.append((e["action"], e["size"], where, e["addr"]))
     return events
 
 
@@ -48,7 +49,7 @@ def main() -> None:
         p.fwdbwd(0)                                      # compile and autotune outside the record
         print(f"\n{impl.name} N={args.n} D={args.d}: peak {peak_mib(lambda: p.fwdbwd(0)):.3f} MiB above the inputs")
         live = peak = 0
-        for action, size, where in allocations(lambda: p.fwdbwd(0)):
+        for action, size, where, _ in allocations(lambda: p.fwdbwd(0)):
             live += size if action == "alloc" else -size
             peak = max(peak, live)
             print(f"  {action:15s}{size / 2**20:10.3f} MiB  live {live / 2**20:9.3f}  {where}")

@@ -18,39 +18,27 @@ from pathlib import Path
 
 import torch
 
+from peak_memory_gpu import allocations  # benchmarks/ is the script's folder
+
 from mini_of3.bench.common import load_bench_config, peak_mib
 from mini_of3.bench.step import DEFAULT_CONFIG, Arm, parse_arms, real_crop
 from mini_of3.model import build_model
 
 
-def _where(frames: list[dict]) -> str:
-    """The innermost Python frame outside torch (ours, an anchor's, or inductor's generated code)."""
-    frames = [f for f in frames if f["filename"].endswith(".py")]
-    inner = next((f for f in frames if "/torch/" not in f["filename"]), frames[0] if frames else None)
-    return f"{inner['filename'].rsplit('/', 2)[-1]}:{inner['line']} {inner['name']}" if inner else "?"
-
-
 def live_at_peak(fn) -> tuple[int, dict[str, list[int]]]:
     """Run ``fn`` recording every allocation; return the peak of the bytes it holds above the start and, at that
     moment, the live allocations grouped by where they were made ({where: [sizes]})."""
-    torch.cuda.synchronize()
-    torch.cuda.memory._record_memory_history(stacks="python", max_entries=1_000_000)
-    fn()
-    torch.cuda.synchronize()
-    snapshot = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
     live: dict[int, tuple[int, str]] = {}
     held = peak = 0
     at_peak: dict[int, tuple[int, str]] = {}
-    for trace in snapshot["device_traces"]:
-        for e in trace:
-            if e["action"] == "alloc":
-                live[e["addr"]] = (e["size"], _where(e.get("frames", [])))
-                held += e["size"]
-                if held > peak:
-                    peak, at_peak = held, dict(live)
-            elif e["action"] == "free_completed" and e["addr"] in live:
-                held -= live.pop(e["addr"])[0]
+    for action, size, where, addr in allocations(fn, max_entries=1_000_000):
+        if action == "alloc":
+            live[addr] = (size, where)
+            held += size
+            if held > peak:
+                peak, at_peak = held, dict(live)
+        elif addr in live:
+            held -= live.pop(addr)[0]
     groups: dict[str, list[int]] = defaultdict(list)
     for size, where in at_peak.values():
         groups[where].append(size)
