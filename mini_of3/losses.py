@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from mini_of3.config import LossConfig
 from mini_of3.metrics import LDDT_THRESHOLDS, kabsch, lddt_ca_per_token
 
+LOSS_PARTS = ("distogram", "diffusion", "smooth_lddt", "plddt")     # the parts of the total, as compute_losses names them
+
 
 def _mean_over_structures(per_structure: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Mean of the valid entries of [B] (0 with a graph when none is valid, so backward still works)."""
@@ -154,7 +156,7 @@ def compute_losses(outputs: dict[str, torch.Tensor], batch: dict[str, torch.Tens
     weights from LossConfig. ``outputs`` is MiniOF3.forward's dict (its distogram_boundaries and sigma_data set the
     bins and the noise weighting); ``batch`` holds ca, cb [B, N, 3], resolved, token_mask [B, N] and, optionally,
     cb_resolved [B, N] (the distogram then skips tokens whose Cbeta is missing).
-    Returns (total, {"distogram", "diffusion", "smooth_lddt", "plddt"}).
+    Returns (total, {part: value for part in LOSS_PARTS}).
     """
     mask = batch["token_mask"] & batch["resolved"]
     cb_mask = batch["token_mask"] & batch.get("cb_resolved", batch["resolved"])

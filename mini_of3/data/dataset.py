@@ -372,7 +372,8 @@ def training_evaluation_set(prepared: str | Path, cfg: DataConfig, train: Protei
                             ) -> ProteinDataset:
     """The entries of ``cfg.train_eval_ids`` as validation examples (the validation crop, epoch 0); each must be an
     entry ``train`` trains on, else ValueError naming it and why it is not."""
-    named = replace(cfg, val_ids=list(cfg.train_eval_ids), train_ids=[], val_after=None, val_identity_cut=None)
+    named = replace(cfg, val_ids=list(cfg.train_eval_ids), train_ids=[], train_eval_ids=[], val_after=None,
+                    val_identity_cut=None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")          # a missing one is an error below, not a warning
         dataset = ProteinDataset(prepared, named, "val", seed)

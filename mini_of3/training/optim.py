@@ -1,11 +1,6 @@
-"""AdamW with AF3's learning-rate schedule (AF3 SI 5.4), and the per-step random choices of the loop.
-
-The recycle count and the seeds of a step are pure functions of ``(seed, step, ...)``, so that every rank draws the
-same recycle count, and a run resumed at step N makes exactly the choices the uninterrupted run made.
-"""
+"""AdamW with AF3's learning-rate schedule (AF3 SI 5.4)."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -27,14 +22,3 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig
                                   weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
     return optimizer, scheduler
-
-
-def derived_seed(*keys: int) -> int:
-    """A 63-bit seed from integer keys (e.g. ``(seed, step, rank)``), independent streams for different keys."""
-    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1, dtype=np.uint64)[0] >> 1)
-
-
-def recycles_for_step(seed: int, step: int, max_recycles: int) -> int:
-    """Recycles of training step ``step``: uniform on 0..max_recycles (AF3 SI 3.3), drawn from (seed, step) only, so
-    every rank, and a resumed run, draws the same count."""
-    return int(np.random.default_rng([seed, step, 0x5EC]).integers(0, max_recycles + 1))

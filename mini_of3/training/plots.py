@@ -11,7 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-LOSS_PARTS = ("distogram", "diffusion", "smooth_lddt", "plddt")
+from ..losses import LOSS_PARTS  # noqa: E402
+
 SCORES = ("lddt_ca", "tm_score", "contact_precision", "distogram_accuracy")
 
 

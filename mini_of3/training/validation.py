@@ -18,11 +18,11 @@ import torch
 from torch import nn
 
 from ..config import LossConfig
-from ..losses import compute_losses
+from ..losses import LOSS_PARTS, compute_losses
 from ..metrics import structure_metrics
 
 METRICS = ("lddt_ca", "rmsd", "tm_score", "tm_score_mirror", "contact_precision", "distogram_accuracy", "mean_plddt")
-LOSSES = ("loss", "distogram", "diffusion", "smooth_lddt", "plddt")          # the training loss and its parts
+LOSSES = ("loss", *LOSS_PARTS)                   # the training loss and its parts
 KEYS = METRICS + LOSSES
 
 

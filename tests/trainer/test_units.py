@@ -14,7 +14,8 @@ from mini_of3.config import OptimConfig
 from mini_of3.training import checkpoint as ckpt
 from mini_of3.training.compile_clock import compile_seconds
 from mini_of3.training.ema import EMA
-from mini_of3.training.optim import build_optimizer, derived_seed, lr_factor, recycles_for_step
+from mini_of3.training.optim import build_optimizer, lr_factor
+from mini_of3.training.streams import derived_seed, recycles_for_step
 from mini_of3.training.plots import plot_run
 from mini_of3.training.runlog import RunLog, Watchdog, read_log
 
