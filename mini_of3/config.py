@@ -72,11 +72,14 @@ Floats = Annotated[list[float], BeforeValidator(_split_commas)]
 _SECTION = ConfigDict(extra="forbid", coerce_numbers_to_str=True, allow_inf_nan=False)
 
 
+DEFAULT_DATA_ROOT = "data/mmcif"             # the one folder the demonstration entries are downloaded into
+
+
 @dataclass(config=_SECTION)
 class DataConfig:
-    root: str = "data/mmcif"                 # folder of raw mmCIF files (prepared into cache_dir on first use)
+    root: str = DEFAULT_DATA_ROOT            # folder of raw mmCIF files (prepared into cache_dir on first use)
     cache_dir: str = "data/cache"            # prepared .npz folder (manifest.tsv, skipped.tsv)
-    offline_package: bool = True             # root empty -> fetch the mdanalysistests entries into root first
+    offline_package: bool = True             # the default root empty -> fetch the mdanalysistests entries into it
     val_ids: Ids = field(default_factory=list)   # explicit validation entries (never trained on, unless train_ids
                                              # names them too)
     train_ids: Ids = field(default_factory=list)  # when set, train on these entries only; one named here and in
@@ -155,7 +158,8 @@ class ModelConfig:
     noise_p_mean: float = -1.2               # training noise levels sigma = sigma_data exp(p_mean + p_std N(0, 1)),
     noise_p_std: Positive = 1.5              # AF3 SI 3.7.1 (median sigma 4.8 A)
     diffusion_samples: PositiveInt = 48      # noise levels / augmentations per structure per step, as AF3 (with 8, a
-                                             # model overfit on 1L2Y denoised sigma >= 160 A to 4.5 A RMSD, with 32 to 1)
+                                             # model overfit on 1L2Y denoised sigma >= 160 A to 4.5 A RMSD, with 32
+                                             # to 1)
     sampling_steps: PositiveInt = 50
     plddt_rollout_steps: PositiveInt = 20    # gradient-free mini-rollout whose sample trains the pLDDT head, as AF3
                                              # (10 steps sample visibly worse structures than 20 or more)
@@ -199,9 +203,9 @@ class OptimConfig:
 
 
 def _resume_target(value: str) -> str:
-    if value in ("auto", "never") or Path(value).is_dir():
+    if value in ("auto", "never", "force") or Path(value).is_dir():
         return value
-    raise ValueError("auto, never, or an existing run folder or checkpoint folder")
+    raise ValueError("auto, never, force, or an existing run folder or checkpoint folder")
 
 
 @dataclass(config=_SECTION)
@@ -212,8 +216,11 @@ class TrainerConfig:
                                              # torch.compile's compiling) have taken this long, with a final
                                              # validation and checkpoint; kept on resume
     out_dir: Annotated[str, _check(lambda s: bool(s.strip()), "a folder name")] = "runs/default"
-    resume: Annotated[str, AfterValidator(_resume_target)] = "auto"   # auto | never | PATH (a run folder or one
-                                             # checkpoint folder)
+    resume: Annotated[str, AfterValidator(_resume_target)] = "auto"   # auto | never | force | PATH (a run folder
+                                             # or one checkpoint folder). auto resumes the run folder's own run and
+                                             # stops if its checkpoints were written under another definition (seed,
+                                             # model, data, losses, optimiser); force and PATH go on with the new
+                                             # values (training/run_folder.py)
     checkpoint_every: PositiveInt = 50
     keep_last: PositiveInt = 2               # complete checkpoints kept, plus the best by validation lDDT
     val_every: PositiveInt = 50
@@ -225,7 +232,10 @@ class TrainerConfig:
     compile: bool = False
     compile_mode: Literal["default", "reduce-overhead"] = "default"   # torch.compile's mode for the compiled
                                              # blocks and sampler step: reduce-overhead replays them as CUDA graphs
-    max_nonfinite: PositiveInt = 5           # stop after this many non-finite losses in a row
+    max_nonfinite: PositiveInt = 5           # stop after this many non-finite losses in a row (no checkpoint is
+                                             # written while they last)
+    loss_spike_factor: Annotated[float, Field(gt=1)] | None = 10.0   # warn (once per episode) when a loss exceeds
+                                             # this many times the median of the last 50; null: never
     stall_timeout_s: Annotated[Positive, Expected("> 0 seconds")] = 1800.0   # a collective that waits longer than
                                              # this ends the run with a message
 
@@ -248,7 +258,8 @@ class Config:
 _ERROR_WORDS = {"int_parsing": "an integer", "int_from_float": "an integer", "int_type": "an integer",
                 "float_parsing": "a number", "float_type": "a number", "finite_number": "a finite number",
                 "bool_parsing": "true or false", "bool_type": "true or false", "string_type": "a string",
-                "list_type": "a list", "dataclass_type": "a mapping of keys", "dataclass_args_type": "a mapping of keys"}
+                "list_type": "a list", "dataclass_type": "a mapping of keys",
+                "dataclass_args_type": "a mapping of keys"}
 _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
 
 
@@ -295,7 +306,7 @@ def _shown(value: Any, bare: Any) -> Any:
 
 
 def _one_line(error: dict, prefix: tuple[str, ...]) -> str:
-    """One pydantic error (of ``Config`` or of its section ``prefix``) as one line: ``key: got value, expected what``."""
+    """One pydantic error (of ``Config``, or of its section ``prefix``) as ``key: got value, expected what``."""
     loc = prefix + tuple(str(part) for part in error["loc"])
     key, kind, ctx = ".".join(loc), error["type"], error.get("ctx") or {}
     if kind == "unexpected_keyword_argument":
@@ -306,7 +317,8 @@ def _one_line(error: dict, prefix: tuple[str, ...]) -> str:
         return f"unknown config key {key!r} ({hint}known here: {', '.join(known)})"
     if isinstance(ctx.get("error"), Invalid):
         invalid = ctx["error"]
-        return invalid.message or f"{'.'.join(loc + (invalid.key,))}: got {invalid.value!r}, expected {invalid.expected}"
+        key = ".".join(loc + (invalid.key,))
+        return invalid.message or f"{key}: got {invalid.value!r}, expected {invalid.expected}"
     section = _section_at(loc)
     bare, optional, words = _unwrap(_field_type(section, loc[-1])) if section else (None, False, [])
     if words:

@@ -1,18 +1,24 @@
 """Predict structures with a trained checkpoint:
 
     python -m mini_of3.predict CHECKPOINT INPUT [--out DIR] [--recycles R] [--steps S] [--samples K] [--seed X]
-                               [--device cpu|cuda]
+                               [--device cpu|cuda] [--overwrite]
 
-CHECKPOINT is a run folder (its best checkpoint by validation lDDT, else its latest) or one checkpoint folder; the
-EMA weights are used. INPUT is an mmCIF file (``.cif``, ``.cif.gz``, ``.mmcif``) or a FASTA file (one chain per
-record; identical sequences form one entity). K structures are sampled and ranked by mean pLDDT; each is written as
-``DIR/<name>_rank<k>.cif`` (one CA atom per residue, pLDDT in the B-factors; DIR defaults to the ``predictions``
-folder of the checkpoint's run). For an mmCIF input the deposited
-structure is the truth: lDDT-Calpha, RMSD and TM-score of every sample are printed.
+CHECKPOINT is a run folder (its best checkpoint by validation lDDT, else its latest; a damaged one is skipped, with
+the reason) or one checkpoint folder; the EMA weights are used. INPUT is an mmCIF file (``.cif``, ``.cif.gz``,
+``.mmcif``) or a FASTA file (one chain per record, the 20 amino-acid letters and X for an unknown residue; identical
+sequences form one entity). K structures are sampled and ranked by mean pLDDT; each is written as
+``DIR/<name>_rank<k>.cif`` (one CA atom per residue, pLDDT in the B-factors), with ``DIR/<name>.json`` (the input,
+the checkpoint, one row per sample); DIR defaults to the ``predictions`` folder of the checkpoint's run. ``<name>`` is
+the input's file name without suffix, preceded by its folder names where another input of that name was predicted
+into DIR before; existing outputs of the same input are kept unless ``--overwrite``. For an mmCIF input the deposited
+structure is the truth: lDDT-Calpha, RMSD and TM-score of every sample are printed. The model never recycles more
+often than it was trained to (``model.n_recycles`` of its config), and an input too large for the memory at hand
+is refused before any work.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,16 +26,18 @@ from pathlib import Path
 import gemmi
 import numpy as np
 import torch
-import yaml
 
 from .config import ConfigError, ModelConfig, section_from_dict
 from .data import MmcifError, load_mmcif, token_features
+from .data.prepare import MMCIF_SUFFIXES, entry_id
 from .data.residue_constants import ONE_TO_INDEX, RESTYPES, THREE_TO_ONE, UNK
 from .metrics import structure_metrics
 from .model import MiniOF3, build_model
-from .training.checkpoint import read_state, resolve_checkpoint
+from .model.memory import available_bytes, inference_bytes
+from .training.checkpoint import CheckpointError, candidate_checkpoints, read_config, read_file, read_state
+from .training.run_folder import check_writable
 
-MMCIF_SUFFIXES = (".cif", ".cif.gz", ".mmcif", ".mmcif.gz")
+SEQUENCE_LETTERS = set(RESTYPES) | {"X"}     # X: an unknown residue (UNK)
 ONE_TO_THREE = {one: three for three, one in THREE_TO_ONE.items()}
 CHAIN_NAMES = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 
@@ -61,9 +69,10 @@ def read_fasta(path: Path) -> list[tuple[str, str]]:
         sequence = "".join(lines).upper().rstrip("*")
         if not sequence:
             raise ValueError(f"{path}: record {header!r} has no sequence")
-        bad = sorted({c for c in sequence if not c.isalpha()})
+        bad = sorted(set(sequence) - SEQUENCE_LETTERS)
         if bad:
-            raise ValueError(f"{path}: record {header!r} has characters {''.join(bad)!r} that are not residues")
+            raise ValueError(f"{path}: record {header!r} has characters {''.join(bad)!r} that are not residues (the "
+                             f"20 amino-acid letters, and X for an unknown one)")
         out.append((header, sequence))
     if not out:
         raise ValueError(f"{path}: no FASTA record (a record starts with a '>' header line)")
@@ -112,25 +121,71 @@ def read_query(path: str | Path) -> Query:
     return fasta_query(path)
 
 
-def load_model(checkpoint: str | Path, device: torch.device, prefer: str = "best") -> tuple[MiniOF3, Path, dict]:
+def load_model(checkpoint: str | Path, device: torch.device, prefer: str = "best",
+               say=lambda line: print(line, file=sys.stderr)) -> tuple[MiniOF3, Path, dict]:
     """The model of a checkpoint (run folder: best, else latest; or its latest with ``prefer="latest"``) with its EMA
-    weights, in eval mode.
+    weights, in eval mode. In a run folder, a checkpoint with a damaged file is skipped (``say`` tells which and
+    why) for the next one in that order; a damaged checkpoint folder named alone raises CheckpointError.
 
     Returns (model, checkpoint folder, trainer state)."""
     from safetensors.torch import load_file
 
-    folder = resolve_checkpoint(checkpoint, prefer=prefer)
-    saved = yaml.safe_load((folder / "config.yaml").read_text()) or {}
-    cfg: ModelConfig = section_from_dict("model", saved.get("model", {}))
-    model = build_model(cfg)
-    model.load_state_dict(load_file(folder / "model.safetensors"), strict=True)
-    ema = folder / "ema.safetensors"
-    if ema.is_file():
-        missing, unexpected = model.load_state_dict(load_file(ema), strict=False)
-        buffers = {name for name, _ in model.named_buffers()}
-        if unexpected or set(missing) - buffers:
-            raise ValueError(f"{ema}: does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
-    return model.to(device).eval(), folder, read_state(folder)
+    for info in candidate_checkpoints(checkpoint, prefer=prefer):
+        try:
+            if info.damage:
+                raise CheckpointError(info.damage)
+            cfg: ModelConfig = section_from_dict("model", read_config(info.path).get("model", {}))
+            model = build_model(cfg)
+            model.load_state_dict(read_file(info.path / "model.safetensors", load_file), strict=True)
+            ema = info.path / "ema.safetensors"
+            if ema.is_file():
+                missing, unexpected = model.load_state_dict(read_file(ema, load_file), strict=False)
+                buffers = {name for name, _ in model.named_buffers()}
+                if unexpected or set(missing) - buffers:
+                    raise ValueError(f"{ema}: does not match the model (missing {missing[:3]}, unexpected "
+                                     f"{unexpected[:3]})")
+            return model.to(device).eval(), info.path, read_state(info.path)
+        except CheckpointError as err:
+            if info.path == Path(checkpoint):
+                raise
+            say(f"predict: skipped checkpoint {info.path.name}: {err}")
+    raise CheckpointError(f"{checkpoint}: no readable checkpoint (each skipped above)")
+
+
+def output_name(out: Path, input_path: Path) -> str:
+    """The name of an input's outputs in ``out``: its file name without suffix, preceded by as many of its folder
+    names as tell it from another input predicted into ``out`` before (``<name>.json`` records the input)."""
+    source = input_path.resolve()
+    name = entry_id(source)
+    for folder in (None, *(p.name for p in source.parents if p.name)):
+        name = name if folder is None else f"{folder}_{name}"
+        record = out / f"{name}.json"
+        if not record.is_file():
+            return name
+        try:
+            if json.loads(record.read_text()).get("input") == str(source):
+                return name
+        except (OSError, ValueError):
+            continue
+    return name
+
+
+def check_outputs(out: Path, name: str, samples: int, overwrite: bool) -> None:
+    """Refuse (ValueError) to replace earlier outputs of the same input unless ``overwrite``."""
+    existing = [p for p in (out / f"{name}.json", *(out / f"{name}_rank{k}.cif" for k in range(1, samples + 1)))
+                if p.exists()]
+    if existing and not overwrite:
+        raise ValueError(f"{existing[0]} exists (an earlier prediction of this input); --overwrite replaces it, or "
+                         f"--out names another folder")
+
+
+def check_memory(cfg: ModelConfig, n_tokens: int, samples: int, device: torch.device) -> None:
+    """Refuse (ValueError) an input whose prediction cannot fit the memory at hand."""
+    need, have = inference_bytes(cfg, n_tokens, samples, device), available_bytes(device)
+    if have is not None and need > have:
+        raise ValueError(f"{n_tokens} residues need at least {need / 2 ** 30:.1f} GiB on {device.type} for "
+                         f"{samples} samples, {have / 2 ** 30:.1f} GiB is available: predict fewer residues (a domain "
+                         f"or a chain), fewer --samples, or on a GPU")
 
 
 def to_batch(features: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
@@ -180,25 +235,37 @@ def write_mmcif(path: Path, name: str, features: dict[str, np.ndarray], chain_na
 
 def predict(checkpoint: str | Path, input_path: str | Path, out: str | Path | None = None, *,
             recycles: int | None = None, steps: int | None = None, samples: int = 5, seed: int = 0,
-            device: str | None = None) -> list[dict]:
+            device: str | None = None, overwrite: bool = False) -> list[dict]:
     """Sample, rank by mean pLDDT, write the mmCIF files and score them; returns one row per sample, best first
     (rank, sample, plddt, file, and lddt_ca, rmsd, tm_score ... when the input holds the true structure)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model, folder, state = load_model(checkpoint, dev)
     query = read_query(input_path)
-    recycles = model.cfg.n_recycles if recycles is None else recycles
+    if out is not None:
+        check_writable(out, "--out")
+    model, folder, state = load_model(checkpoint, dev)
+    trained = model.cfg.n_recycles
+    if recycles is not None and recycles > trained:
+        raise ValueError(f"--recycles {recycles}: this model was trained with at most {trained} recycles "
+                         f"(model.n_recycles of {folder}); more would feed untrained recycling projections")
+    recycles = trained if recycles is None else recycles
     steps = model.cfg.sampling_steps if steps is None else steps
-    coords, plddt, rows = sample_ranked(model, query, dev, recycles=recycles, steps=steps, samples=samples, seed=seed)
+    n_tokens = len(query.features["restype"])
+    check_memory(model.cfg, n_tokens, samples, dev)
     out = Path(out) if out is not None else folder.parent.parent / "predictions"     # <run>/predictions
-    out.mkdir(parents=True, exist_ok=True)
-    n_chains = len(query.chain_names)
-    print(f"checkpoint {folder} (step {state.get('step')}, EMA weights); {query.name}: {n_chains} chain(s), "
-          f"{len(query.features['restype'])} residues; {samples} samples, {steps} steps, {recycles} recycles")
+    check_writable(out, "--out")
+    name = output_name(out, Path(input_path))
+    check_outputs(out, name, samples, overwrite)
+    coords, plddt, rows = sample_ranked(model, query, dev, recycles=recycles, steps=steps, samples=samples, seed=seed)
+    print(f"checkpoint {folder} (step {state.get('step')}, EMA weights); {query.name}: {len(query.chain_names)} "
+          f"chain(s), {n_tokens} residues; {samples} samples, {steps} steps, {recycles} recycles")
     for row in rows:
-        path = out / f"{query.name}_rank{row['rank']}.cif"
+        path = out / f"{name}_rank{row['rank']}.cif"
         k = row["sample"]
         write_mmcif(path, query.name, query.features, query.chain_names, coords[k].numpy(), plddt[k].numpy())
         row["file"] = str(path)
+    record = {"input": str(Path(input_path).resolve()), "checkpoint": str(folder), "step": state.get("step"),
+              "recycles": recycles, "steps": steps, "seed": seed, "rows": rows}
+    (out / f"{name}.json").write_text(json.dumps(record, indent=1))
     print(format_table(rows))
     return rows
 
@@ -251,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=5, help="structures to sample (default: 5)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampler (default: 0)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    parser.add_argument("--overwrite", action="store_true", help="replace earlier outputs of the same input")
     args = parser.parse_args(argv)
     for name in ("recycles", "steps", "samples"):
         value = getattr(args, name)
@@ -260,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--device cuda: no CUDA device is available")
     try:
         predict(args.checkpoint, args.input, args.out, recycles=args.recycles, steps=args.steps,
-                samples=args.samples, seed=args.seed, device=args.device)
+                samples=args.samples, seed=args.seed, device=args.device, overwrite=args.overwrite)
     except (FileNotFoundError, ValueError, MmcifError, ConfigError) as err:
         print(f"predict: {err}", file=sys.stderr)
         return 1

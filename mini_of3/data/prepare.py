@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..config import DataConfig
+from ..config import DEFAULT_DATA_ROOT, DataConfig
 from .manifest import ManifestRow, SkippedRow, read_manifest, read_skipped, write_tsv
 from .mmcif import load_mmcif
 from .offline import ensure_offline_entries
@@ -232,13 +232,15 @@ def _remove_stale(out: Path, keep: set[str]) -> None:
 
 
 def prepare_data(cfg: DataConfig, workers: int | None = None, progress: bool = True) -> Path:
-    """The prepared folder of a run (DESIGN.md, Training): ``cfg.root`` prepared into ``cfg.cache_dir``, after
-    fetching the offline package's entries into an empty ``cfg.root`` when ``cfg.offline_package`` is set; a
+    """The prepared folder of a run (docs/design.md, Training): ``cfg.root`` prepared into ``cfg.cache_dir``, after
+    fetching the offline package's entries into an empty ``cfg.root`` when ``cfg.offline_package`` is set and
+    ``cfg.root`` is the default folder (any other empty folder is more likely a mistyped path than a wish); a
     ``cfg.root`` that is itself a prepared folder (``manifest.tsv``, no mmCIF files) is used as it is. Under DDP call
     it on one process and let the others wait (a barrier) before they build their loaders.
 
     Raises:
-        FileNotFoundError: ``cfg.root`` has no mmCIF files and ``cfg.offline_package`` is off.
+        FileNotFoundError: ``cfg.root`` has no mmCIF files, and ``cfg.offline_package`` is off or ``cfg.root`` is
+            not the default folder.
         ValueError: no file in ``cfg.root`` gives a usable entry.
     """
     root, cache = Path(cfg.root), Path(cfg.cache_dir)
@@ -249,6 +251,10 @@ def prepare_data(cfg: DataConfig, workers: int | None = None, progress: bool = T
         if not cfg.offline_package:
             raise FileNotFoundError(f"data.root {root}: no mmCIF files; fetch some (python -m mini_of3.data.fetch "
                                     f"--ids data/pdb_ids.txt --out {root}) or set data.offline_package=true")
+        if root != Path(DEFAULT_DATA_ROOT):
+            raise FileNotFoundError(f"data.root {root}: no mmCIF files there (a mistyped path?); the demonstration "
+                                    f"entries are downloaded only into the default data.root {DEFAULT_DATA_ROOT}; "
+                                    f"fetch entries into {root} with python -m mini_of3.data.fetch --out {root}")
         ensure_offline_entries(root, progress=progress)
     summary = prepare_folder(root, cache, workers=max(1, cfg.num_workers if workers is None else workers),
                              timeout_s=cfg.parse_timeout_s, progress=progress)

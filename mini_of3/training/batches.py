@@ -7,6 +7,28 @@ from __future__ import annotations
 
 import torch
 
+from ..config import Config
+from ..data import build_dataloaders, prepare_data
+from .process import Process, TrainingError
+
+
+def build_loaders(proc: Process, cfg: Config):
+    """Prepare ``data.root`` on the main process (the others wait for it), then this rank's loaders."""
+    result: list = [None, None]                          # [prepared folder, error message]
+    if proc.main:
+        try:
+            result[0] = str(prepare_data(cfg.data, progress=True))
+        except (OSError, ValueError, RuntimeError) as err:
+            result[1] = f"data.root={cfg.data.root}: {err}"
+    if proc.world > 1:
+        proc.broadcast(result)
+    if result[1] is not None:
+        raise TrainingError(result[1])
+    try:
+        return build_dataloaders(cfg.data, result[0], cfg.seed, rank=proc.rank, world_size=proc.world)
+    except ValueError as err:
+        raise TrainingError(str(err)) from None
+
 
 class BatchStream:
     def __init__(self, loader, sampler, device: torch.device) -> None:

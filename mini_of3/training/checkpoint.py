@@ -32,6 +32,7 @@ from typing import Any, Callable, Literal
 
 import numpy as np
 import torch
+import yaml
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
@@ -50,11 +51,16 @@ FAULT_ENV = "MINI_OF3_FAULT"
 STALL_ENV = "MINI_OF3_STALL"
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file that is missing or cannot be read (truncated, corrupt); the message names the file."""
+
+
 @dataclass(frozen=True)
 class CheckpointInfo:
     path: Path
     step: int
     val_lddt: float | None      # validation lDDT-Calpha measured at this step, if any
+    damage: str | None = None   # why its trainer_state.json cannot be read; None when it can
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:
@@ -74,15 +80,43 @@ def is_checkpoint(folder: Path) -> bool:
     return bool(_NAME.match(folder.name)) and (folder / STATE_FILE).is_file()
 
 
+def read_file(path: Path, reader: Callable[[Path], Any]) -> Any:
+    """``reader(path)``; any failure to read becomes a CheckpointError naming the file and the reason."""
+    try:
+        return reader(path)
+    except Exception as err:                 # noqa: BLE001 - truncated, corrupt or missing: all are damage here
+        first = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
+        reason = "missing" if isinstance(err, FileNotFoundError) else f"unreadable ({type(err).__name__}: {first})"
+        raise CheckpointError(f"{path} is {reason}") from None
+
+
+def torch_file(path: Path) -> Any:
+    return torch.load(path, weights_only=True)
+
+
 def read_state(folder: str | Path) -> dict:
-    return json.loads((Path(folder) / STATE_FILE).read_text())
+    return read_file(Path(folder) / STATE_FILE, lambda p: json.loads(p.read_text()))
+
+
+def read_config(folder: str | Path) -> dict:
+    """The resolved config a checkpoint was written under, as a dict."""
+    return read_file(Path(folder) / "config.yaml", lambda p: _mapping(yaml.safe_load(p.read_text())))
+
+
+def _mapping(value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError("not a mapping of keys")
+    return value
 
 
 def _info(folder: Path) -> CheckpointInfo:
-    val = read_state(folder).get("val") or {}
+    step = int(_NAME.match(folder.name).group(1))
+    try:
+        val = read_state(folder).get("val") or {}
+    except CheckpointError as err:
+        return CheckpointInfo(folder, step, None, damage=str(err))
     lddt = val.get("lddt_ca")
-    return CheckpointInfo(folder, int(_NAME.match(folder.name).group(1)),
-                          float(lddt) if lddt is not None and math.isfinite(lddt) else None)
+    return CheckpointInfo(folder, step, float(lddt) if lddt is not None and math.isfinite(lddt) else None)
 
 
 def list_checkpoints(run_dir: str | Path) -> list[CheckpointInfo]:
@@ -99,25 +133,31 @@ def best_checkpoint(infos: list[CheckpointInfo]) -> CheckpointInfo | None:
     return max(scored, key=lambda c: (c.val_lddt, c.step)) if scored else None
 
 
-def resolve_checkpoint(path: str | Path, prefer: Literal["latest", "best"] = "latest") -> Path:
-    """One checkpoint folder from ``path``: the folder itself when it is a checkpoint, else, for a run folder (or its
-    ``checkpoints/``), its latest, or with ``prefer="best"`` its best (else latest), complete checkpoint.
+def candidate_checkpoints(path: str | Path, prefer: Literal["latest", "best"] = "latest") -> list[CheckpointInfo]:
+    """The checkpoints ``path`` names, in the order to try them: a checkpoint folder alone; for a run folder (or its
+    ``checkpoints/``) its complete checkpoints newest first, with ``prefer="best"`` the best by validation lDDT
+    first. Damaged ones are included (``damage`` says why), so that a caller can say what it skipped.
 
     Raises FileNotFoundError naming the path and what was found there.
     """
     path = Path(path)
     if is_checkpoint(path):
-        return path
+        return [_info(path)]
     if _NAME.match(path.name) or path.name.startswith(_TEMP):
         raise FileNotFoundError(f"{path}: an incomplete checkpoint (no {STATE_FILE}); a run stopped while writing it")
     run_dir = path.parent if path.name == CHECKPOINTS else path
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{path}: no such run or checkpoint folder")
-    infos = list_checkpoints(run_dir)
+    infos = list_checkpoints(run_dir)[::-1]
     if not infos:
         raise FileNotFoundError(f"{path}: no complete checkpoint in {checkpoints_dir(run_dir)}")
-    chosen = best_checkpoint(infos) if prefer == "best" else None
-    return (chosen or infos[-1]).path
+    best = best_checkpoint(infos) if prefer == "best" else None
+    return [best, *(c for c in infos if c != best)] if best is not None else infos
+
+
+def resolve_checkpoint(path: str | Path, prefer: Literal["latest", "best"] = "latest") -> Path:
+    """The first of :func:`candidate_checkpoints`."""
+    return candidate_checkpoints(path, prefer)[0].path
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -289,20 +329,26 @@ def save_training_state(run_dir: str | Path, state: dict, *, model: nn.Module, o
 def load_training_state(folder: str | Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
                         ema: EMA, rank: int) -> dict:
     """Restore weights, optimizer, schedule, EMA and this rank's RNG states (when the checkpoint has this rank)
-    from ``folder``; returns its trainer state. Raises ValueError when the checkpoint does not fit the model."""
+    from ``folder``; returns its trainer state. Every file is read before anything is restored: a file that cannot
+    be read raises CheckpointError naming it (and changes nothing); a checkpoint that does not fit the model raises
+    ValueError."""
     folder = Path(folder)
     state = read_state(folder)
+    weights = read_file(folder / "model.safetensors", load_file)
+    ema_weights = read_file(folder / "ema.safetensors", load_file)
+    optim_state = read_file(folder / "optimizer.pt", torch_file)
+    scheduler_state = read_file(folder / "scheduler.pt", torch_file)
+    rng_file = folder / f"rng_{rank}.pt"
+    rng = read_file(rng_file, torch_file) if rng_file.is_file() else None
     full = StateDictOptions(full_state_dict=True, strict=True)
     try:
-        set_model_state_dict(model, load_file(folder / "model.safetensors"), options=full)
-        optim_state = torch.load(folder / "optimizer.pt", weights_only=True)
+        set_model_state_dict(model, weights, options=full)
         set_optimizer_state_dict(model, optimizer, optim_state, options=full)
-        ema.load_state_dict(load_file(folder / "ema.safetensors"), state["ema_updates"])
+        ema.load_state_dict(ema_weights, state["ema_updates"])
     except (RuntimeError, ValueError, KeyError) as err:
         first = str(err).strip().splitlines()[0]
         raise ValueError(f"checkpoint {folder} does not fit this config's model ({first})") from None
-    scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
-    rng_file = folder / f"rng_{rank}.pt"
-    if rng_file.is_file():
-        set_rng_state(torch.load(rng_file, weights_only=True))
+    scheduler.load_state_dict(scheduler_state)
+    if rng is not None:
+        set_rng_state(rng)
     return state

@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .process import Process
 from ..losses import LOSS_PARTS, SIGMA_BIN_NAMES, diffusion_loss_by_sigma, rollout_confidence_sums
 
 # the modules whose gradient norms every log row holds (``grad_norm/<name>``), by the model's top-level children;
@@ -74,3 +75,10 @@ def module_grad_norms(module_params: dict[str, list[nn.Parameter]], device: torc
         squares = reduce_shards(squares)
     norms = squares.sqrt().cpu() / grad_scale
     return {f"grad_norm/{name}": float(v) for name, v in zip(module_params, norms)}
+
+
+def global_ids(proc: Process, ids: list[list[str]]) -> list[str]:
+    """The entry ids of the step's global batch in the sampler's stream order, from ``ids`` (this rank's, per
+    micro-batch): micro-batch, then position in it, then rank (a collective when there are several ranks)."""
+    per_rank = proc.gather([ids]) if proc.world > 1 else [ids]
+    return [rank[micro][b] for micro in range(len(ids)) for b in range(len(ids[micro])) for rank in per_rank]

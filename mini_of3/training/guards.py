@@ -4,6 +4,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from pathlib import Path
+
+from . import checkpoint as ckpt
 
 
 class SpikeWatch:
@@ -30,3 +33,12 @@ class SpikeWatch:
             self.in_episode = spiking
         self.recent.append(loss)
         return message
+
+
+def nonfinite_stop_message(step: int, in_row: int, limit: int, out: Path) -> str:
+    """Why a run stops after ``in_row`` non-finite losses, and the checkpoint to go back to (none is written during
+    such a streak, so the last one is from before it)."""
+    last = ckpt.list_checkpoints(out)
+    return (f"stopped at step {step}: {in_row} non-finite losses in a row (trainer.max_nonfinite={limit}); last "
+            f"checkpoint, from before them: {last[-1].path if last else 'none'}; try a lower optim.lr or "
+            f"trainer.mixed_precision=no")

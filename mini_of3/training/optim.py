@@ -22,3 +22,16 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig
                                   weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
     return optimizer, scheduler
+
+
+def follow_config(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, cfg: OptimConfig,
+                  step: int) -> None:
+    """Make an optimizer and schedule restored from a checkpoint use ``cfg`` (learning rate, betas, eps, weight
+    decay) from optimizer step ``step`` on; their saved states would keep the values they were written with."""
+    for group in optimizer.param_groups:
+        group.update(initial_lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    scheduler.base_lrs = [cfg.lr] * len(optimizer.param_groups)
+    lr = cfg.lr * lr_factor(step, cfg)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    scheduler._last_lr = [lr] * len(optimizer.param_groups)

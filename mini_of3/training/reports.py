@@ -1,18 +1,28 @@
 """The lines a run prints: its start, each evaluation, its end, and why it ran out of memory."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
+
+import torch
 
 from ..config import Config
+from .process import Process, TrainingError
+from .run_state import RunState
 
 
-def start_line(cfg: Config, n_train: int, val_ids: list[str], params_m: float, device: str, processes: int,
-               precision: str, step: int, train_s: float, out: Path) -> str:
-    minutes = cfg.trainer.max_minutes
-    budget = "" if minutes is None else f" or {minutes:g} min of steps ({train_s / 60:.1f} done)"
-    return (f"mini_of3: {n_train} training entries, validation: {', '.join(val_ids) or 'none'} | model "
-            f"{params_m:.2f} M parameters | {device}, {processes} process(es), precision {precision} | steps "
-            f"{step} -> {cfg.trainer.max_steps}{budget} | {out}")
+def start_lines(cfg: Config, loaders, model: torch.nn.Module, proc: Process, precision: str, state: RunState,
+                out: Path) -> list[str]:
+    """What the run trains and validates on, the model's size, where it runs, the steps to go; then the training
+    entries left out as homologues of validation chains."""
+    minutes, val = cfg.trainer.max_minutes, loaders.val
+    budget = "" if minutes is None else f" or {minutes:g} min of steps ({state.train_s / 60:.1f} done)"
+    val_ids = ", ".join(r.id for r in val.dataset.rows) if val is not None else "none"
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    return [f"mini_of3: {len(loaders.train.dataset)} training entries, validation: {val_ids} | model {params:.2f} M "
+            f"parameters | {proc.device}, {proc.world} process(es), precision {precision} | steps {state.step} -> "
+            f"{cfg.trainer.max_steps}{budget} | {out}", *loaders.train.dataset.removal_report()]
 
 
 def evaluation_line(step: int, split: str, metrics: dict, seconds: float) -> str:
@@ -37,7 +47,26 @@ def end_line(step: int, wall_s: float, first_val: dict | None, last_val: dict | 
             f"{lddt(last_val)}; run folder {out}")
 
 
-def out_of_memory_message(cfg: Config, step: int, out: Path, err: BaseException) -> str:
+@contextmanager
+def memory_errors_as_one_line(cfg: Config, out: Path, device: torch.device, step: Callable[[], int]):
+    """Running out of device or host memory ends the run with one TrainingError line: the settings that decide the
+    memory (``step()`` is the step that ran out)."""
+    try:
+        yield
+    except (torch.OutOfMemoryError, RuntimeError) as err:
+        if not is_out_of_memory(err):
+            raise
+        raise TrainingError(out_of_memory_message(cfg, step(), out, err, device.type)) from None
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is running out of device memory (torch.OutOfMemoryError) or of host memory (the CPU
+    allocator's RuntimeError)."""
+    return isinstance(err, torch.OutOfMemoryError) or (
+        isinstance(err, RuntimeError) and "can't allocate memory" in str(err))
+
+
+def out_of_memory_message(cfg: Config, step: int, out: Path, err: BaseException, device: str) -> str:
     """The one line that ends a run out of (device or host) memory, with the settings that decide the memory."""
     m, t = cfg.model, cfg.trainer
     if m.checkpointing:
@@ -46,6 +75,6 @@ def out_of_memory_message(cfg: Config, step: int, out: Path, err: BaseException)
         advice = "model.checkpointing=true (blocks recomputed in the backward; with it trainer.compile_mode " \
                  "reduce-overhead compiles in the default mode), or a smaller data.crop_size"
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return (f"out of device memory at step {step + 1} (data.crop_size={cfg.data.crop_size}, model.checkpointing="
+    return (f"out of memory on {device} at step {step + 1} (data.crop_size={cfg.data.crop_size}, model.checkpointing="
             f"{str(m.checkpointing).lower()}, trainer.compile_mode={t.compile_mode if t.compile else 'off'}): try "
             f"{advice}; checkpoints so far are in {out / 'checkpoints'} ({first[:200]})")

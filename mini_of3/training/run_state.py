@@ -28,3 +28,11 @@ class RunState:
         """The state of a checkpoint's trainer_state.json (keys it lacks keep their defaults)."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in saved.items() if k in names})
+
+    def record_validation(self, metrics: dict) -> None:
+        """Keep a validation of the current step: the first of the run, the last, and the best by lDDT-Calpha."""
+        self.first_val = self.first_val or {"step": self.step, **metrics}
+        self.last_val = {"step": self.step, **metrics}
+        lddt = metrics["lddt_ca"]
+        if lddt is not None and (self.best is None or lddt > self.best["lddt_ca"]):
+            self.best = {"step": self.step, "lddt_ca": lddt}

@@ -74,7 +74,7 @@ class StopRequest:
         if os.getpid() != self._pid:     # a forked loader worker before its set-up ignores the signal: not its call
             return
         first = self.signal is None
-        self.signal = signal.Signals(signum).name
+        self.signal = self.signal or signal.Signals(signum).name     # the first: a launcher may add a SIGTERM
         if signum == signal.SIGINT:
             signal.signal(signal.SIGINT, signal.default_int_handler)     # a second Ctrl-C quits at once
         if first:

@@ -145,7 +145,8 @@ def test_prepare_cli_prints_a_summary(entry_path, tmp_path, capsys):
 
 
 def test_prepare_data_uses_the_offline_entries(entry_path, tmp_path, monkeypatch):
-    """An empty data.root with offline_package=true is filled by ensure_offline_entries, then prepared."""
+    """The empty default data.root with offline_package=true is filled by ensure_offline_entries, then prepared;
+    another empty folder (a mistyped path) is an error naming it, and nothing is downloaded."""
     from mini_of3.config import DataConfig
 
     fetched = []
@@ -155,7 +156,12 @@ def test_prepare_data_uses_the_offline_entries(entry_path, tmp_path, monkeypatch
         return [_copy(entry_path, ["1YJP", "7ETN"], Path(root))]
 
     monkeypatch.setattr(prepare_module, "ensure_offline_entries", fake_offline)
-    cfg = DataConfig(root=str(tmp_path / "mmcif"), cache_dir=str(tmp_path / "cache"), num_workers=1)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"data.root .*data/mmcf: no mmCIF files there \(a mistyped path\?\); "
+                                                r"the demonstration entries are downloaded only into the default"):
+        prepare_module.prepare_data(DataConfig(root=str(tmp_path / "data" / "mmcf"), num_workers=1), progress=False)
+    assert not fetched and not (tmp_path / "data" / "mmcf").exists()
+    cfg = DataConfig(cache_dir=str(tmp_path / "cache"), num_workers=1)                # root: the default data/mmcif
     assert prepare_module.prepare_data(cfg, progress=False) == tmp_path / "cache"
     assert len(fetched) == 1 and len(read_manifest(tmp_path / "cache")) == 2
     assert prepare_module.prepare_data(cfg, progress=False) == tmp_path / "cache" and len(fetched) == 1

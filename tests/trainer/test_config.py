@@ -22,7 +22,7 @@ def train_py(*args: str) -> subprocess.CompletedProcess:
     (["model.n_blocks=two"], "model.n_blocks: got 'two', expected an integer"),
     (["optim.lr=-1"], "optim.lr: got -1.0, expected > 0"),
     (["trainer.mixed_precision=fp8"], "trainer.mixed_precision: got 'fp8', expected one of no, bf16, fp16"),
-    (["trainer.resume=/no/such/run"], "trainer.resume: got '/no/such/run', expected auto, never, or an existing"),
+    (["trainer.resume=/no/such/run"], "trainer.resume: got '/no/such/run', expected auto, never, force, or an existing"),
     (["configs/missing.yaml"], "config file 'configs/missing.yaml' does not exist"),
     (["configs/default.yaml", "configs/crop384.yaml"], "argument 'configs/crop384.yaml': expected key=value"),
     (["wandb=maybe"], "wandb: got 'maybe', expected true or false"),

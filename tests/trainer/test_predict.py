@@ -79,6 +79,7 @@ def test_predict_errors_are_one_line(reference_run, tmp_path, capsys):
     bad.write_text("MKTAYIAKQR\n")
     assert main([str(reference_run), str(bad), "--out", str(tmp_path / "o")]) == 1
     assert "comes before the first '>' header" in capsys.readouterr().err
+    bad.write_text(">x\nMKTAYIAKQR\n")
     assert main([str(tmp_path / "nowhere"), str(bad)]) == 1
     assert "no such run or checkpoint folder" in capsys.readouterr().err
     with pytest.raises(SystemExit):

@@ -135,7 +135,7 @@ def test_non_finite_losses_are_skipped_counted_and_stop_the_run(small_data, tmp_
     calls.update(n=0, bad=set(range(4, 100)))              # diverges after the checkpoint of step 3
     out = tmp_path / "diverged"
     with pytest.raises(TrainingError, match=r"stopped at step 6: 3 non-finite losses in a row \(trainer.max_nonfinite"
-                                            r"=3\); last checkpoint: .*step_3; try a lower optim.lr"):
+                                            r"=3\); last checkpoint, from before them: .*step_3; try a lower optim.lr"):
         train(tiny_config(small_data, out, trainer__max_nonfinite=3))
     assert [c.step for c in list_checkpoints(out)] == [3]
 
@@ -152,7 +152,7 @@ def test_running_out_of_device_memory_ends_the_run_with_the_settings_that_decide
 
     monkeypatch.setattr(trainer_module, "compute_losses", runs_out)
     out = tmp_path / "oom"
-    with pytest.raises(TrainingError, match=r"out of device memory at step 4 \(data.crop_size=32, "
+    with pytest.raises(TrainingError, match=r"out of memory on cpu at step 4 \(data.crop_size=32, "
                                             r"model.checkpointing=false, trainer.compile_mode=off\): try "
                                             r"model.checkpointing=true .*; checkpoints so far are in .*checkpoints "
                                             r"\(CUDA out of memory. Tried to allocate 20.00 GiB \(simulated\)\)"):
@@ -164,7 +164,7 @@ def test_running_out_of_device_memory_ends_the_run_with_the_settings_that_decide
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
 
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: RunsOut())
-    with pytest.raises(TrainingError, match=r"out of device memory at step 1 .*trainer.compile_mode=default"):
+    with pytest.raises(TrainingError, match=r"out of memory on cpu at step 1 .*trainer.compile_mode=default"):
         train(tiny_config(small_data, tmp_path / "oom_compiled", trainer__compile=True))
 
 
