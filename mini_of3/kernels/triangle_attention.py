@@ -22,10 +22,10 @@ import math
 
 import torch
 
-from mini_of3.kernels import triangle_attention_host as launchers
 from mini_of3.kernels.host import (allocate, check_backend, dispatch, eager_function, interpreting, needs_grad,
                                    resolve_backend)
 from mini_of3.kernels.reference import triangle_attention_ref
+from mini_of3.kernels.triangle_attention_host import backward, forward, tiles
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -113,8 +113,8 @@ def _key_bias(mask: torch.Tensor | None, beta: torch.Tensor | None, scale: float
 
 
 def _forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_ds, fast_exp):
-    """o and lse (host.forward); split_ds is kept for the backward."""
-    return launchers.forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp)
+    """o and lse (the forward op's arguments; split_ds is kept for the backward)."""
+    return forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp)
 
 
 @torch.library.custom_op("mini_of3::triangle_attention_fwd", mutates_args=())
@@ -135,7 +135,7 @@ def _fwd_fake(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_ds, fast
 def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
             key_bias: torch.Tensor | None, o: torch.Tensor, lse: torch.Tensor, sigmoid: bool, scale: float,
             split_ds: bool, fast_exp: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return launchers.backward(do, q, k, v, bias, key_bias, o, lse, sigmoid, scale, split_ds, fast_exp)
+    return backward(do, q, k, v, bias, key_bias, o, lse, sigmoid, scale, split_ds, fast_exp)
 
 
 @_bwd_op.register_fake
@@ -161,21 +161,21 @@ def _autograd_backward(ctx, do, _dlse, backward_fn=_bwd_op):
 
 _fwd_op.register_autograd(_autograd_backward, setup_context=_setup_context)
 _EagerTriangleAttention = eager_function("_EagerTriangleAttention", _forward, _setup_context, _autograd_backward,
-                                         launchers.backward)
+                                         backward)
 
 
 def _gated_forward(qkvg, bias, key_bias, sigmoid, scale, residuals, split_ds, fast_exp):
     """sigmoid(g) * o [B, I, J, H, D] and lse, from the packed qkvg [B, I, J, 4, H, D]."""
     q, k, v, g = qkvg.unbind(3)
-    return launchers.forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp, gate=g)
+    return forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp, gate=g)
 
 
 def _gated_backward(dout, qkvg, bias, key_bias, out, lse, sigmoid, scale, split_ds, fast_exp):
     """d(qkvg) [B, I, J, 4, H, D] (dq, dk, dv, dg written in place by the kernels) and dbias."""
     dqkvg = allocate(qkvg.shape, qkvg.dtype, qkvg.device)
     q, k, v, g = qkvg.unbind(3)
-    _, _, _, dbias = launchers.backward(dout, q, k, v, bias, key_bias, out, lse, sigmoid, scale, split_ds, fast_exp,
-                                        gate=g, grads=dqkvg.unbind(3))
+    _, _, _, dbias = backward(dout, q, k, v, bias, key_bias, out, lse, sigmoid, scale, split_ds, fast_exp,
+                              gate=g, grads=dqkvg.unbind(3))
     return dqkvg, dbias
 
 
@@ -321,6 +321,6 @@ def _kernel_arguments(q: torch.Tensor, mask: torch.Tensor | None, activation: st
             beta = torch.full((B, I), -math.log(J), dtype=torch.float32, device=q.device)
     split_ds = split_ds and q.dtype != torch.float32       # float32 dS goes into float32 products unrounded
     # taken here, at the forward, for its backward too; the interpreter cannot run PTX
-    fast_exp = launchers.tiles(D).fast_exp and q.is_cuda and not interpreting()
+    fast_exp = tiles(D).fast_exp and q.is_cuda and not interpreting()
     key_bias = _key_bias(mask, beta, scale, (B, I, J))      # once, for the forward and its backward
     return key_bias, sigmoid, scale, residuals, split_ds, fast_exp

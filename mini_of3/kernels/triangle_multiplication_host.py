@@ -31,9 +31,8 @@ class TriMulTiles:
     stages per program, persistent programs per SM (``*_per_sm``; 0: one program per tile); ``fast_gates``: every
     kernel's sigmoid gates with the approximate ex2 and reciprocal instructions (GPU only; off under the interpreter,
     which cannot run them). The defaults are the fastest of the tile sweeps at C = h = 128, bf16 (docs/kernels.md):
-    the projection kernels' on the H200 (forward + backward 3.97 ms at N = 768, 5.23 with the first tiles), the
-    persistent output kernels' on the H100 (backward 3.31 against 3.53 ms at N = 768 with one program per
-    tile)."""
+    the projection kernels' on the H200 (forward + backward 3.97 ms at N = 768), the persistent output kernels' on
+    the H100 (backward 3.31 against 3.53 ms at N = 768 with one program per tile)."""
     proj_fwd_m: int = 64
     proj_fwd_hc: int = 32
     proj_fwd_warps: int = 4

@@ -1,8 +1,8 @@
 """The fused kernels of an earlier commit against the working tree's, bitwise: outputs and every gradient.
 
     python tools/lab/kernels_bitwise.py --extract COMMIT            (here, with git: writes .device/old/old_kernels)
-    python tools/lab/kernels_bitwise.py [--out DIR]                 (CPU under TRITON_INTERPRET=1, or the GPU; carry
-                                                                      .device to the GPU machine)
+    python tools/lab/kernels_bitwise.py [--select KEY=V1|V2,...] [--out DIR]
+                                           (CPU under TRITON_INTERPRET=1, or the GPU; carry .device to the GPU machine)
 
 The old ``mini_of3/kernels`` becomes the package ``old_kernels`` (kernels_before_after.py's ``extract``: imports and
 torch.library namespace renamed), so both versions run side by side in one process on the same fresh random inputs:
@@ -12,7 +12,10 @@ triangle multiplication (outgoing and incoming, with a mask, float32 and under b
 (float32 and under bf16 autocast); each with gradients and once without (the inference path). Fixed tiles
 (MINI_OF3_AUTOTUNE=0) on both sides: a refactoring must leave the algorithm's bits alone, while the autotuner may
 pick other tiles from one process to the next. On the CPU (interpreter) tiny sizes, on the GPU the model's: N = 256,
-D = 32, H = 4, C = h = 128, bf16. Prints one line per case and writes kernels_bitwise.json (``"bench": "bitwise"``).
+D = 32, H = 4, C = h = 128, bf16. ``--select`` keeps the cases whose fields match (e.g. ``op=triangle_attention,
+activation=softmax``; ``|`` between alternatives), so that parts can run side by side: most of a GPU run is the
+compilation of both versions' kernels. Prints one line per case and writes kernels_bitwise.json
+(``"bench": "bitwise"``).
 """
 from __future__ import annotations
 
@@ -145,9 +148,15 @@ def all_cases(s: dict):
                (lambda m: lambda x, **w: m.transition(x, backend="triton", **w)), autocast)
 
 
-def compare(old, new, s: dict) -> list[dict]:
+def selected(case: dict, select: dict[str, set[str]]) -> bool:
+    return all(str(case.get(key)) in values for key, values in select.items())
+
+
+def compare(old, new, s: dict, select: dict[str, set[str]]) -> list[dict]:
     rows = []
     for case, inputs, make_call, autocast in all_cases(s):
+        if not selected(case, select):
+            continue
         row = dict(case)
         for grad in (True, False):
             got = [outputs_and_grads(make_call(module), inputs, 7, grad, autocast) for module in (old, new)]
@@ -166,8 +175,11 @@ def compare(old, new, s: dict) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--extract", metavar="COMMIT", help="write the kernels of COMMIT as old_kernels, then stop")
+    parser.add_argument("--select", default="", help="KEY=VALUE[|VALUE...] filters, comma-separated")
     parser.add_argument("--out", default=None, help="folder for kernels_bitwise.json (default: none written)")
     args = parser.parse_args()
+    select = {key: set(values.split("|")) for key, values in (item.split("=", 1) for item in args.select.split(",")
+                                                              if item)}
     if args.extract:
         extract(args.extract)
         return
@@ -177,7 +189,7 @@ def main() -> None:
     import mini_of3.kernels as new_kernels
     from mini_of3.bench.common import result_header, write_json
     s = sizes()
-    rows = compare(old_kernels, new_kernels, s)
+    rows = compare(old_kernels, new_kernels, s, select)
     ok = all(r["bitwise"] and r["bitwise_inference"] for r in rows)
     before = (OLD_ROOT / "COMMIT").read_text().strip()
     print(f"\n{DEVICE} ({'interpreter' if DEVICE == 'cpu' else torch.cuda.get_device_name()}), sizes {s}: "
@@ -185,7 +197,7 @@ def main() -> None:
           f"{before}: {'ALL BITWISE' if ok else 'DIFFERENCES'}")
     if args.out:
         result = result_header("bitwise", prog="python tools/lab/kernels_bitwise.py")
-        result.update(before_commit=before, sizes=s, rows=rows, all_bitwise=ok)
+        result.update(before_commit=before, sizes=s, select=args.select, rows=rows, all_bitwise=ok)
         write_json(result, Path(args.out) / "kernels_bitwise.json")
     sys.exit(0 if ok else 1)
 
