@@ -67,8 +67,7 @@ def outputs_and_grads(call, tensors: dict, dout_seed: int, grad: bool, autocast:
     return [out.detach()] + [t.grad for t in inputs.values() if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
-def attention_cases(s: dict):
-    B, N, H, D, I = s["B"], s["N"], s["H"], s["D"], s["N"]
+def attention_cases():
     for activation in ("softmax", "sigmoid"):
         for gated in (False, True):
             for layout in ("start", "end"):
@@ -134,7 +133,7 @@ def transition_inputs(s: dict, seed: int) -> dict:
 
 def all_cases(s: dict):
     """(case description, inputs, (module -> call), autocast)."""
-    for seed, case in enumerate(attention_cases(s)):
+    for seed, case in enumerate(attention_cases()):
         yield case, attention_inputs(case, s, seed), (lambda m, c=case: attention_call(m, c)), False
     for seed, (direction, autocast) in enumerate([(d, a) for d in ("outgoing", "incoming") for a in (False, True)]):
         case = dict(op="triangle_multiplication", direction=direction, dtype="bf16 autocast" if autocast else "fp32")
