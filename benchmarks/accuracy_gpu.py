@@ -2,7 +2,7 @@
 attention, where rounding of dS or of the output matters little; a bias scaled by 4 concentrates each row on a few
 keys, where it matters most. Same impls, same inputs, one process, on the GPU machine:
 
-    python benchmarks/accuracy_gpu.py [--impls mini_of3,mini_of3_nosplit,trifast,cueq] [--n 256] [--scales 1,4]
+    python benchmarks/accuracy_gpu.py [--impls mini_of3,mini_of3_split,trifast,cueq] [--n 256] [--scales 1,4]
 
 Prints the relative Frobenius error of o, dq, dk, dv and dbias per implementation and bias scale.
 """
@@ -17,7 +17,7 @@ from mini_of3.bench.kernels import GRAD_NAMES, make_inputs, reference_fp64, run_
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--impls", default="mini_of3,mini_of3_nosplit,trifast,cueq,of3_triton")
+    parser.add_argument("--impls", default="mini_of3,mini_of3_split,trifast,cueq,of3_triton")
     parser.add_argument("--n", type=int, default=256)
     parser.add_argument("--d", type=int, default=32)
     parser.add_argument("--heads", type=int, default=4)

@@ -15,7 +15,7 @@ import torch
 
 from mini_of3.bench.common import median_ms
 from mini_of3.kernels import transition, transition_reference
-from mini_of3.kernels.transition import transition_tiles
+from mini_of3.kernels.transition_host import transition_tiles
 
 # (rows, hidden chunk, warps, stages) of the forward, then of the backward kernel
 FWD_CANDIDATES = [dict(fwd_m=m, fwd_hc=hc, fwd_warps=nw, fwd_stages=st) for m, hc, nw, st in

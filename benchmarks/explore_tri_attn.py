@@ -7,14 +7,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import torch
 
 from mini_of3.bench.common import device_ms_by_kernel
 from mini_of3.kernels import gated_triangle_attention, triangle_attention
-from mini_of3.kernels.launch import (Algorithm, LaunchConfig, algorithm, autotuned_configs, default_config,
-                                     launch_config)
+from mini_of3.kernels.triangle_attention_host import (TriAttnTiles, autotuned_configs, default_tiles,
+                                                    tri_attn_tiles)
 
 KERNELS = ("_fwd", "_bwd_dq", "_bwd_dbias", "_sum_chunks", "_bwd_dkdv")
 
@@ -43,22 +43,22 @@ def model_inputs(n, d, heads, *, transposed=False):
     return [qkvg, bias], mask, do
 
 
-def fwd_bwd(leaves, mask, do):
+def fwd_bwd(leaves, mask, do, split_ds=False):
     if len(leaves) == 2:   # the model's gated call
-        return torch.autograd.grad(gated_triangle_attention(*leaves, mask), leaves, do)
+        return torch.autograd.grad(gated_triangle_attention(*leaves, mask, split_ds=split_ds), leaves, do)
     q, k, v, bias_leaf = leaves
     bias = bias_leaf.expand(1, q.shape[3], q.shape[2], q.shape[2])
-    return torch.autograd.grad(triangle_attention(q, k, v, bias, mask), leaves, do)
+    return torch.autograd.grad(triangle_attention(q, k, v, bias, mask, split_ds=split_ds), leaves, do)
 
 
-def kernel_times(config: LaunchConfig | None, choice: Algorithm, n, d, heads, iters=10, layout=None,
+def kernel_times(config: TriAttnTiles | None, split_ds: bool, n, d, heads, iters=10, layout=None,
                  **kw) -> dict[str, float]:
     """Device ms per call by kernel with these fixed tiles (None: autotuned, as the model runs) on the separate
     inputs of ``inputs`` or, given a ``layout`` ("model", "model_t"), the model's."""
     leaves, mask, do = model_inputs(n, d, heads, transposed=layout == "model_t") if layout else \
         inputs(n, d, heads, **kw)
-    with launch_config(config) if config else contextlib.nullcontext(), algorithm(choice):
-        by_kernel, wall = device_ms_by_kernel(lambda r: fwd_bwd(leaves, mask, do), iters=iters)
+    with tri_attn_tiles(**asdict(config)) if config else contextlib.nullcontext():
+        by_kernel, wall = device_ms_by_kernel(lambda r: fwd_bwd(leaves, mask, do, split_ds), iters=iters)
     times = defaultdict(float)
     for key, (ms, _count) in by_kernel.items():
         name = next((k for k in KERNELS if key.startswith(k)), None)
@@ -76,32 +76,32 @@ def main():
     parser.add_argument("--quick", action="store_true", help="only the first three variants")
     parser.add_argument("--only", default="", help="comma-separated variant names to run (default: all)")
     parser.add_argument("--autotuned", action="store_true",
-                        help="the model's layouts as the model runs them: autotuned tiles, split dS off; per-kernel "
+                        help="the model's layouts as the model runs them: autotuned tiles, dS rounded; per-kernel "
                              "ms and the autotuner's choices")
     args = parser.parse_args()
-    base = default_config(args.d)
+    base = default_tiles(args.d)
     if args.autotuned:   # the warm-up calls of device_ms_by_kernel run the autotuner
         for layout in ("model", "model_t"):
-            t = kernel_times(None, Algorithm(split_ds=False), args.n, args.d, args.heads, layout=layout)
+            t = kernel_times(None, False, args.n, args.d, args.heads, layout=layout)
             print(f"{layout} autotuned", {k: round(v, 3) for k, v in t.items()}, flush=True)
         for name, chosen in autotuned_configs().items():
             print(name, chosen)
         return
     if args.ncu:
         leaves, mask, do = inputs(args.n, args.d, args.heads)
-        with launch_config(base):
+        with tri_attn_tiles():
             for _ in range(2):
                 fwd_bwd(leaves, mask, do)
         torch.cuda.synchronize()
         return
 
-    def tiles(**changes) -> LaunchConfig:
+    def tiles(**changes) -> TriAttnTiles:
         return replace(base, **changes)
-    default = Algorithm()
-    variants = {   # name: (tiles, algorithm, inputs); the default: the fixed config of launch.default_config
+    default = False        # split_ds
+    variants = {   # name: (tiles, split_ds, inputs); the default: the fixed tiles of default_tiles
         "default": (base, default, {}),
         "bf16 bias": (base, default, {"bias": "bf16"}),
-        "split dS off": (base, Algorithm(split_ds=False), {}),
+        "split dS on": (base, True, {}),
         "fwd 128x64 w8 s2": (tiles(fwd_block_j=128, fwd_warps=8), default, {}),
         "fwd 128x32 w4 s3": (tiles(fwd_block_j=128, fwd_block_k=32, fwd_stages=3), default, {}),
         "fwd 128x64 w4 s3": (tiles(fwd_block_j=128, fwd_stages=3), default, {}),
@@ -113,21 +113,20 @@ def main():
         "dkdv q dO ahead (v13)": (tiles(dkdv_prefetch=1), default, {}),
         "dkdv 32x64 prefetch q dO": (tiles(dkdv_block_j=32, dkdv_prefetch=1), default, {}),
         "dkdv 64x64 w4 s2": (tiles(dkdv_stages=2, dkdv_prefetch=0), default, {}),
-        # the model's layouts and algorithm (gated, packed projection, bf16 bias, split dS off)
-        "model": (base, Algorithm(split_ds=False), {"layout": "model"}),
-        "model dq rows 1": (tiles(dq_rows=1), Algorithm(split_ds=False), {"layout": "model"}),
-        "model dq 64x64 s2": (tiles(dq_block_k=64, dq_stages=2), Algorithm(split_ds=False), {"layout": "model"}),
-        "model dq 64x64 s2 rows 1": (tiles(dq_block_k=64, dq_stages=2, dq_rows=1), Algorithm(split_ds=False),
-                                     {"layout": "model"}),
-        "model_t": (base, Algorithm(split_ds=False), {"layout": "model_t"}),
-        "model_t dq rows 1": (tiles(dq_rows=1), Algorithm(split_ds=False), {"layout": "model_t"}),
+        # the model's layouts (gated, packed projection, bf16 bias, dS rounded)
+        "model": (base, False, {"layout": "model"}),
+        "model dq rows 1": (tiles(dq_rows=1), False, {"layout": "model"}),
+        "model dq 64x64 s2": (tiles(dq_block_k=64, dq_stages=2), False, {"layout": "model"}),
+        "model dq 64x64 s2 rows 1": (tiles(dq_block_k=64, dq_stages=2, dq_rows=1), False, {"layout": "model"}),
+        "model_t": (base, False, {"layout": "model_t"}),
+        "model_t dq rows 1": (tiles(dq_rows=1), False, {"layout": "model_t"}),
     }
     if args.only:
         variants = {name: v for name, v in variants.items() if name in args.only.split(",")}
     rows = []
-    for name, (config, choice, kw) in list(variants.items())[:3 if args.quick else None]:
+    for name, (config, split_ds, kw) in list(variants.items())[:3 if args.quick else None]:
         try:
-            t = kernel_times(config, choice, args.n, args.d, args.heads, **kw)
+            t = kernel_times(config, split_ds, args.n, args.d, args.heads, **kw)
         except Exception as err:
             print(f"{name}: {type(err).__name__}: {str(err)[:300]}", flush=True)
             continue

@@ -28,9 +28,9 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from mini_of3.kernels import tri_attn_kernels as K  # noqa: E402
 from mini_of3.kernels import transition_kernels as TK  # noqa: E402
-from mini_of3.kernels.launch import _dkdv_configs, _dq_configs, _fwd_configs  # noqa: E402
+from mini_of3.kernels import triangle_attention_kernels as K  # noqa: E402
+from mini_of3.kernels.triangle_attention_host import _dkdv_configs, _dq_configs, _fwd_configs  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"

@@ -25,6 +25,7 @@ from mini_of3.bench.common import median_ms, rel_err, result_header, write_json
 from mini_of3.bench.trimul import make_inputs, make_weights
 
 T = importlib.import_module("mini_of3.kernels.triangle_multiplication")   # the module (the package exports the function)
+HOST = importlib.import_module("mini_of3.kernels.triangle_multiplication_host")   # its tiles and launchers
 
 KERNELS = {   # kernel -> (the pass it runs in, candidate tiles: its TriMulTiles fields)
     "proj_fwd": ("fwd", [dict(proj_fwd_m=m, proj_fwd_hc=hc, proj_fwd_warps=w, proj_fwd_stages=s)
@@ -84,7 +85,7 @@ def sweep(n: int, device, kernels: list[str]) -> tuple[list[dict], dict]:
         for tiles in candidates:
             row = {"N": n, "kernel": kernel, "pass": which, "tiles": tiles}
             try:
-                with T.tri_mul_tiles(**tiles):
+                with HOST.tri_mul_tiles(**tiles):
                     got = outputs(z, mask, dout, weights)
                     row["max_err"] = max(rel_err(g, r) for g, r in zip(got, reference))
                     row["nan"] = any(bool(torch.isnan(g).any()) for g in got)
@@ -127,7 +128,7 @@ def compare(n: int, best: dict, device, before=None) -> dict:
                                                                                    ours))
         result["default_bwd_ms"] = time_pass("bwd", sets, weights)
     for name, ctx in (("default", {}), ("best", tiles)):
-        with T.tri_mul_tiles(**ctx):
+        with HOST.tri_mul_tiles(**ctx):
             time_fwd_and_fwdbwd(name)
             first = outputs(z, mask, dout, weights)
             result[f"{name}_bitwise"] = all(all(torch.equal(a, b) for a, b in zip(first, outputs(z, mask, dout,

@@ -30,7 +30,7 @@ def test_rounds_interleave_the_implementations_and_report_the_median_round(monke
 @pytest.mark.parametrize("argv,message", [
     (["--layouts", "start,sideways"], "--layouts: ['sideways'] not allowed"),
     (["--ns", "256,x"], "--ns: expected"),
-    (["--layouts", "end", "--impls", "mini_of3_nosplit"], "the model layouts run"),
+    (["--layouts", "end", "--impls", "mini_of3_split"], "the model layouts run"),
 ])
 def test_kernel_bench_bad_arguments_give_one_clear_line(argv, message):
     with pytest.raises(SystemExit) as exit_info:

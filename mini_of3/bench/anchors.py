@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from mini_of3.kernels import triangle_attention, triangle_attention_ref
-from mini_of3.kernels.launch import algorithm, default_config, launch_config
+from mini_of3.kernels.triangle_attention_host import tri_attn_tiles
 
 # canonical [B, I, J, H, D] -> native, and the permutation back
 _TO_BHIJD, _FROM_BHIJD = (0, 3, 1, 2, 4), (0, 2, 3, 1, 4)
@@ -34,19 +34,17 @@ def _same(t: torch.Tensor, kind: str) -> torch.Tensor:
     return t
 
 
-def _mini_of3(name: str, bias_fp32: bool = True, fixed: bool = False, split_ds: bool = True) -> Impl:
-    """Ours, autotuned (or the fixed default configuration), with a float32 or bf16 bias, with or without the hi+lo
-    split of dS (the speed/accuracy trade-off, NOTES.md)."""
+def _mini_of3(name: str, bias_fp32: bool = True, fixed: bool = False, split_ds: bool = False) -> Impl:
+    """Ours, autotuned (or the fixed default tiles), with a float32 or bf16 bias, with or without the hi+lo split of
+    dS (the speed/accuracy trade-off, docs/kernels.md; the model's default: without)."""
     def native(q, k, v, bias, mask):
         return q, k, v, bias if bias_fp32 else bias.to(q.dtype), mask
 
     def call(q, k, v, bias, mask):
-        # the algorithm is taken at the forward call and kept for its backward
-        with algorithm(split_ds=split_ds):
-            if fixed:
-                with launch_config(default_config(q.shape[-1])):
-                    return triangle_attention(q, k, v, bias, mask, backend="triton")
-            return triangle_attention(q, k, v, bias, mask, backend="triton")
+        if fixed:
+            with tri_attn_tiles():
+                return triangle_attention(q, k, v, bias, mask, backend="triton", split_ds=split_ds)
+        return triangle_attention(q, k, v, bias, mask, backend="triton", split_ds=split_ds)
     return Impl(name, "fp32" if bias_fp32 else "input", native, call, _same)
 
 
@@ -106,7 +104,7 @@ FACTORIES: dict[str, Callable[[], Impl]] = {
     "mini_of3": lambda: _mini_of3("mini_of3"),
     "mini_of3_bf16bias": lambda: _mini_of3("mini_of3_bf16bias", bias_fp32=False),
     "mini_of3_fixed": lambda: _mini_of3("mini_of3_fixed", fixed=True),
-    "mini_of3_nosplit": lambda: _mini_of3("mini_of3_nosplit", split_ds=False),
+    "mini_of3_split": lambda: _mini_of3("mini_of3_split", split_ds=True),
     "trifast": _trifast,
     "cueq": _cueq,
     "of3_triton": _of3_triton,

@@ -25,6 +25,7 @@ import torch
 
 from mini_of3.bench.common import (elapsed_ms, load_bench_config, package_versions, peak_mib, print_table,
                                    result_header, write_json)
+from mini_of3.model.kernel_choice import KernelChoice
 from mini_of3.model.pairformer import PairformerBlock
 
 # impl: (tri_attn_backend, tri_mul_backend, compiled, pair_transition_backend)
@@ -44,9 +45,10 @@ def build_block(cfg, impl: str, device: torch.device) -> PairformerBlock:
     torch.manual_seed(cfg.seed)
     block = PairformerBlock(c_s=m.c_s, c_z=m.c_z, n_heads_tri=m.n_heads_tri, c_hidden_tri=m.c_hidden_tri,
                             n_heads_single=m.n_heads_single, c_hidden_mul=m.c_hidden_mul,
-                            transition_factor=m.transition_factor, pair_dropout=0.0, tri_attn_backend=attn,
-                            tri_mul_backend=mul, tri_attn_activation=m.tri_attn_activation,
-                            pair_transition_backend=transition).to(device)
+                            transition_factor=m.transition_factor, pair_dropout=0.0,
+                            kernels=KernelChoice(tri_attn_backend=attn, tri_mul_backend=mul,
+                                                 tri_attn_activation=m.tri_attn_activation,
+                                                 pair_transition_backend=transition)).to(device)
     for p in block.parameters():          # no zero-initialised layer: every sub-layer does its full work
         if not p.any():
             torch.nn.init.normal_(p, std=p.shape[-1] ** -0.5)

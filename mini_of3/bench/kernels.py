@@ -31,7 +31,8 @@ from mini_of3.bench.anchors import FACTORIES, Impl, load_impls
 from mini_of3.bench.common import (median_ms, package_versions, peak_mib, print_table, rel_err, result_header,
                                    write_json)
 from mini_of3.kernels import triangle_attention_ref
-from mini_of3.kernels.launch import autotuned_configs
+from mini_of3.kernels.triangle_attention_host import autotuned_configs
+from mini_of3.model.kernel_choice import KernelChoice
 from mini_of3.model.tri_attn_backends import tri_attn_backend
 from mini_of3.model.triangle import TriangleAttention
 
@@ -78,7 +79,7 @@ def layout_inputs(layout: str, n: int, d: int, heads: int, seed: int):
 def adapter_impl(name: str) -> Impl:
     """An implementation called through the model's backend adapter, on the inputs as the model passes them."""
     backend = "mini_of3" if name.startswith("mini_of3") else name
-    attend = tri_attn_backend(backend)
+    attend = tri_attn_backend(KernelChoice(tri_attn_backend=backend))
     fp32_bias = name == "mini_of3"
 
     def native(q, k, v, bias, mask):

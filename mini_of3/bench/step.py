@@ -30,8 +30,7 @@ from mini_of3.config import ConfigError, load_config
 from mini_of3.losses import compute_losses
 from mini_of3.model import build_model
 from mini_of3.model.compiled import compile_blocks, sampler_compile_mode
-from mini_of3.model.tri_attn_backends import TRI_ATTN_BACKENDS
-from mini_of3.model.tri_mul_backends import TRI_MUL_BACKENDS
+from mini_of3.model.kernel_choice import TRI_ATTN_BACKENDS, TRI_MUL_BACKENDS
 from mini_of3.training.optim import build_optimizer
 
 DEFAULT_CONFIG = "configs/crop768.yaml"   # the crop configs' model; checkpointing and the default compile mode

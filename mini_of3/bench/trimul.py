@@ -8,8 +8,8 @@ repeats give identical bits (output and every gradient). Inputs: B = 1, C = h = 
 float32 as the model's residual stream, bf16 autocast, the last N/10 tokens padding (their pair mask False).
 
 Implementations (``--impls``): ``torch`` (the eager ``triangle_multiplication_torch``), ``torch_compile`` (it under
-``torch.compile``), ``cueq`` (cuEquivariance through the model's adapter, ``tri_mul_backend("cueq")``), ``mini_of3``
-(our fused kernel). One that does not import or fails is reported with its error, not fatal.
+``torch.compile``), ``cueq`` (cuEquivariance through the model's adapter, ``tri_mul_backend``), ``mini_of3`` (our
+fused kernel). One that does not import or fails is reported with its error, not fatal.
 
 Rows (``"bench": "tri_mul"``): ``impl``, ``layer`` (``tri_mul_out`` outgoing, ``tri_mul_in`` incoming, as the block
 benchmark names them), ``direction``, ``N``, ``B``, ``C``, ``h``, ``dtype`` ("bf16": the autocast dtype),
@@ -34,6 +34,7 @@ import torch
 from mini_of3.bench.common import (elapsed_ms, graph_replay_ms, package_versions, peak_mib, print_table,
                                    result_header, write_json)
 from mini_of3.kernels import triangle_multiplication, triangle_multiplication_reference
+from mini_of3.model.kernel_choice import KernelChoice
 from mini_of3.model.tri_mul_backends import tri_mul_backend, triangle_multiplication_torch
 
 IMPLS = ("torch", "torch_compile", "cueq", "mini_of3")
@@ -50,7 +51,7 @@ def load_impl(name: str) -> Callable:
     if name == "torch_compile":
         return torch.compile(triangle_multiplication_torch)
     if name == "cueq":
-        return tri_mul_backend("cueq")
+        return tri_mul_backend(KernelChoice(tri_mul_backend="cueq"))
     if name == "mini_of3":
         return lambda z, mask, **kw: triangle_multiplication(z, mask, backend="triton", **kw)
     raise ValueError(f"unknown implementation {name!r}")

@@ -6,11 +6,13 @@ row tiles). The hidden width HID = n C is walked in chunks of BLOCK_HC channels,
 leave the chip in the forward. The compute dtype (bf16 under autocast, else the input's) is the element type of the
 weights the launcher passes (cast once on the host); statistics, SwiGLU and every accumulator are float32.
 
-The default path, in launch order (transition.py):
-    _transition_fwd   reads x, norm weights, W_a, W_b, W_out; writes the output [M, C] and, for a backward, the
+The default path, in launch order (transition_host.py):
+    _transition_fwd   grid: one program per BLOCK_M rows.
+                reads x, norm weights, W_a, W_b, W_out; writes the output [M, C] and, for a backward, the
                 LayerNorm statistics (mean, rstd [M]).
 backward:
-    _transition_bwd   reads x, its statistics, dout, the weights; recomputes the LayerNorm and both projections;
+    _transition_bwd   grid: one program per BLOCK_M rows.
+                reads x, its statistics, dout, the weights; recomputes the LayerNorm and both projections;
                 writes dx, the hidden activation h = silu(a) b [M, HID] and d(a | b) [M, 2 HID] (the weight
                 GEMMs' operands), the normalised x in the compute dtype [M, C], and per-program partial sums of the
                 norm weight and bias gradients.
@@ -23,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mini_of3.kernels.tri_attn_kernels import _dot
+from mini_of3.kernels.primitives import dot
 
 
 @triton.jit
@@ -87,10 +89,10 @@ def _transition_fwd(X, LN_W, LN_B, W_A, W_B, W_O, OUT, MEAN, RSTD, M, eps,
     for h0 in range(0, HID, BLOCK_HC):
         ch = h0 + tl.arange(0, BLOCK_HC)
         in_ch = ch < HID
-        a = _dot(xn, _chunk_t(W_A, ch, in_ch, offs_c, in_c, C), DOT_PREC)          # [BM, BHC]
-        b = _dot(xn, _chunk_t(W_B, ch, in_ch, offs_c, in_c, C), DOT_PREC)          # [BM, BHC]
+        a = dot(xn, _chunk_t(W_A, ch, in_ch, offs_c, in_c, C), DOT_PREC)          # [BM, BHC]
+        b = dot(xn, _chunk_t(W_B, ch, in_ch, offs_c, in_c, C), DOT_PREC)          # [BM, BHC]
         hidden = (a * tl.sigmoid(a) * b).to(cdt)
-        acc = _dot(hidden, _out_chunk_t(W_O, ch, in_ch, offs_c, in_c, HID), DOT_PREC, acc=acc)   # [BM, BC]
+        acc = dot(hidden, _out_chunk_t(W_O, ch, in_ch, offs_c, in_c, HID), DOT_PREC, acc=acc)   # [BM, BC]
     out_ptrs = OUT + rows.to(tl.int64)[:, None] * C + offs_c[None, :]
     tl.store(out_ptrs, acc.to(OUT.dtype.element_ty), mask=in_rows[:, None] & in_c[None, :])
     if STORE_STATS:
@@ -127,9 +129,9 @@ def _transition_bwd(X, DOUT, LN_W, LN_B, W_A, W_B, W_O, MEAN, RSTD, DX, HIDDEN, 
     for h0 in range(0, HID, BLOCK_HC):
         ch = h0 + tl.arange(0, BLOCK_HC)
         in_ch = ch < HID
-        a = _dot(xn, _chunk_t(W_A, ch, in_ch, offs_c, in_c, C), DOT_PREC)          # [BM, BHC]
-        b = _dot(xn, _chunk_t(W_B, ch, in_ch, offs_c, in_c, C), DOT_PREC)
-        dh = _dot(dout, _out_chunk(W_O, ch, in_ch, offs_c, in_c, HID), DOT_PREC)    # [BM, BHC]
+        a = dot(xn, _chunk_t(W_A, ch, in_ch, offs_c, in_c, C), DOT_PREC)          # [BM, BHC]
+        b = dot(xn, _chunk_t(W_B, ch, in_ch, offs_c, in_c, C), DOT_PREC)
+        dh = dot(dout, _out_chunk(W_O, ch, in_ch, offs_c, in_c, HID), DOT_PREC)    # [BM, BHC]
         sig = tl.sigmoid(a)
         silu = a * sig
         keep = in_rows[:, None] & in_ch[None, :]
@@ -138,8 +140,8 @@ def _transition_bwd(X, DOUT, LN_W, LN_B, W_A, W_B, W_O, MEAN, RSTD, DX, HIDDEN, 
         db = (dh * silu).to(cdt)
         tl.store(DAB + rows64[:, None] * (2 * HID) + ch[None, :], da, mask=keep)
         tl.store(DAB + rows64[:, None] * (2 * HID) + HID + ch[None, :], db, mask=keep)
-        dxn = _dot(da, _chunk(W_A, ch, in_ch, offs_c, in_c, C), DOT_PREC, acc=dxn)   # [BM, BC]
-        dxn = _dot(db, _chunk(W_B, ch, in_ch, offs_c, in_c, C), DOT_PREC, acc=dxn)
+        dxn = dot(da, _chunk(W_A, ch, in_ch, offs_c, in_c, C), DOT_PREC, acc=dxn)   # [BM, BC]
+        dxn = dot(db, _chunk(W_B, ch, in_ch, offs_c, in_c, C), DOT_PREC, acc=dxn)
     dxn = tl.where(inside, dxn, 0.0)
     g = dxn * w[None, :]
     dx = rstd[:, None] * (g - (tl.sum(g, axis=1) / C)[:, None] - xhat * (tl.sum(g * xhat, axis=1) / C)[:, None])

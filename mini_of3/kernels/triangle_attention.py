@@ -1,9 +1,10 @@
 """Fused triangle attention: the public function, its checks, and the autograd-wired custom ops.
 
     triangle_attention(q, k, v, bias, mask=None, *, activation="softmax", scale=None, sigmoid_bias=None,
-                       backend="auto") -> o
+                       backend="auto", split_ds=False) -> o
     gated_triangle_attention(qkvg, bias, mask=None, *, activation="softmax", scale=None, sigmoid_bias=None,
-                             backend="auto") -> sigmoid(g) * o
+                             backend="auto", split_ds=False) -> sigmoid(g) * o
+    kernel_takes(q) -> bool      whether backend="auto" runs the Triton kernel on q
 
 q, k, v: [B, I, J, H, D] (any strides; the ending node passes transposed views), bias: [B, H, J, K] float32 or the
 input dtype, mask: [B, I, K] bool (True = attend). Implements the attention of AF3 SI Alg 14 (starting node) and,
@@ -11,9 +12,9 @@ on transposed views, Alg 15 (ending node); with I = 1 it is attention with pair 
 q, k, v and the gate g packed as one projection's output, [B, I, J, 4, H, D], applies the gate in the forward
 kernel's epilogue and writes the four gradients into one buffer, the gradient of that projection's output.
 
-The forward and backward are Triton kernels (tri_attn_kernels.py) launched by launch.py; both are registered as
-``torch.library`` custom ops with fake (meta) implementations, so ``torch.compile`` treats them as opaque. Gradients
-use no atomics: output and all four gradients repeat bitwise for a fixed launch configuration.
+The forward and backward are Triton kernels (triangle_attention_kernels.py) launched by triangle_attention_host.py;
+both are registered as ``torch.library`` custom ops with fake (meta) implementations, so ``torch.compile`` treats
+them as opaque. Gradients use no atomics: output and all four gradients repeat bitwise for fixed tiles.
 """
 from __future__ import annotations
 
@@ -21,12 +22,13 @@ import math
 
 import torch
 
-from mini_of3.kernels import launch
+from mini_of3.kernels.host import (allocate, check_backend, dispatch, eager_function, interpreting, needs_grad,
+                                   resolve_backend)
 from mini_of3.kernels.reference import triangle_attention_ref
+from mini_of3.kernels.triangle_attention_host import backward, forward, tiles
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-BACKENDS = ("auto", "triton", "torch")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -68,19 +70,20 @@ def _check_inputs(q, k, v, bias, mask, activation, sigmoid_bias, backend) -> Non
         raise ValueError(f"triangle_attention: activation must be 'softmax' or 'sigmoid', got {activation!r}")
     if sigmoid_bias is not None and activation != "sigmoid":
         raise ValueError("triangle_attention: sigmoid_bias is only used with activation='sigmoid'")
-    if backend not in BACKENDS:
-        raise ValueError(f"triangle_attention: backend must be one of {BACKENDS}, got {backend!r}")
+    check_backend("triangle_attention", backend)
     if min(B, I, J, H) < 1:
         raise ValueError(f"triangle_attention: every dimension must be >= 1, got q of shape {tuple(q.shape)}")
 
 
+def kernel_takes(q: torch.Tensor) -> bool:
+    """Whether backend="auto" runs the Triton kernel on q: a CUDA tensor of a 16- or 32-bit float dtype with a head
+    dim in SUPPORTED_HEAD_DIMS."""
+    return q.is_cuda and q.dtype in SUPPORTED_DTYPES and q.shape[-1] in SUPPORTED_HEAD_DIMS
+
+
 def _resolve_backend(backend: str, q: torch.Tensor) -> str:
-    if backend == "auto":
-        return "triton" if q.is_cuda else "torch"
+    backend = resolve_backend("triangle_attention", backend, kernel_takes(q), q)
     if backend == "triton":
-        if not q.is_cuda and not launch.interpreting():
-            raise ValueError("triangle_attention: backend='triton' needs CUDA tensors, or CPU tensors with "
-                             "TRITON_INTERPRET=1 set before mini_of3 is imported")
         D = q.shape[-1]
         if D not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"triangle_attention: head dim D must be one of {SUPPORTED_HEAD_DIMS} for the Triton "
@@ -106,14 +109,19 @@ def _key_bias(mask: torch.Tensor | None, beta: torch.Tensor | None, scale: float
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# custom ops (opaque to torch.compile) and autograd
+# custom ops (opaque to torch.compile), autograd and the eager path
+
+
+def _forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_ds, fast_exp):
+    """o and lse (the forward op's arguments; split_ds is kept for the backward)."""
+    return forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp)
 
 
 @torch.library.custom_op("mini_of3::triangle_attention_fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, key_bias: torch.Tensor | None,
             sigmoid: bool, scale: float, residuals: bool, split_ds: bool, fast_exp: bool
             ) -> tuple[torch.Tensor, torch.Tensor]:
-    return launch.forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp)
+    return _forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_ds, fast_exp)
 
 
 @_fwd_op.register_fake
@@ -127,7 +135,7 @@ def _fwd_fake(q, k, v, bias, key_bias, sigmoid, scale, residuals, split_ds, fast
 def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
             key_bias: torch.Tensor | None, o: torch.Tensor, lse: torch.Tensor, sigmoid: bool, scale: float,
             split_ds: bool, fast_exp: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return launch.backward(do, q, k, v, bias, key_bias, o, lse, sigmoid, scale, split_ds, fast_exp)
+    return backward(do, q, k, v, bias, key_bias, o, lse, sigmoid, scale, split_ds, fast_exp)
 
 
 @_bwd_op.register_fake
@@ -144,21 +152,38 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)     # no zero-filled gradient for lse
 
 
-def _autograd_backward(ctx, do, _dlse, backward=_bwd_op):
+def _autograd_backward(ctx, do, _dlse, backward_fn=_bwd_op):
     q, k, v, bias, key_bias, o, lse = ctx.saved_tensors
-    dq, dk, dv, dbias = backward(do, q, k, v, bias, key_bias, o, lse, ctx.sigmoid, ctx.scale, ctx.split_ds,
-                                 ctx.fast_exp)
+    dq, dk, dv, dbias = backward_fn(do, q, k, v, bias, key_bias, o, lse, ctx.sigmoid, ctx.scale, ctx.split_ds,
+                                    ctx.fast_exp)
     return dq, dk, dv, dbias, None, None, None, None, None, None
 
 
 _fwd_op.register_autograd(_autograd_backward, setup_context=_setup_context)
+_EagerTriangleAttention = eager_function("_EagerTriangleAttention", _forward, _setup_context, _autograd_backward,
+                                         backward)
+
+
+def _gated_forward(qkvg, bias, key_bias, sigmoid, scale, residuals, split_ds, fast_exp):
+    """sigmoid(g) * o [B, I, J, H, D] and lse, from the packed qkvg [B, I, J, 4, H, D]."""
+    q, k, v, g = qkvg.unbind(3)
+    return forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp, gate=g)
+
+
+def _gated_backward(dout, qkvg, bias, key_bias, out, lse, sigmoid, scale, split_ds, fast_exp):
+    """d(qkvg) [B, I, J, 4, H, D] (dq, dk, dv, dg written in place by the kernels) and dbias."""
+    dqkvg = allocate(qkvg.shape, qkvg.dtype, qkvg.device)
+    q, k, v, g = qkvg.unbind(3)
+    _, _, _, dbias = backward(dout, q, k, v, bias, key_bias, out, lse, sigmoid, scale, split_ds, fast_exp,
+                              gate=g, grads=dqkvg.unbind(3))
+    return dqkvg, dbias
 
 
 @torch.library.custom_op("mini_of3::gated_triangle_attention_fwd", mutates_args=())
 def _gated_fwd_op(qkvg: torch.Tensor, bias: torch.Tensor, key_bias: torch.Tensor | None, sigmoid: bool,
                   scale: float, residuals: bool, split_ds: bool, fast_exp: bool
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _gated_forward(qkvg, bias, key_bias, sigmoid, scale, residuals, fast_exp)
+    return _gated_forward(qkvg, bias, key_bias, sigmoid, scale, residuals, split_ds, fast_exp)
 
 
 @_gated_fwd_op.register_fake
@@ -180,21 +205,6 @@ def _gated_bwd_fake(dout, qkvg, bias, key_bias, out, lse, sigmoid, scale, split_
     return qkvg.new_empty(qkvg.shape), bias.new_empty(bias.shape)
 
 
-def _gated_forward(qkvg, bias, key_bias, sigmoid, scale, residuals, fast_exp):
-    """sigmoid(g) * o [B, I, J, H, D] and lse, from the packed qkvg [B, I, J, 4, H, D]."""
-    q, k, v, g = qkvg.unbind(3)
-    return launch.forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp, gate=g)
-
-
-def _gated_backward(dout, qkvg, bias, key_bias, out, lse, sigmoid, scale, split_ds, fast_exp):
-    """d(qkvg) [B, I, J, 4, H, D] (dq, dk, dv, dg written in place by the kernels) and dbias."""
-    dqkvg = launch._new(qkvg.shape, qkvg.dtype, qkvg.device)
-    q, k, v, g = qkvg.unbind(3)
-    _, _, _, dbias = launch.backward(dout, q, k, v, bias, key_bias, out, lse, sigmoid, scale, split_ds, fast_exp,
-                                     gate=g, grads=dqkvg.unbind(3))
-    return dqkvg, dbias
-
-
 def _gated_setup_context(ctx, inputs, output):
     qkvg, bias, key_bias, sigmoid, scale, residuals, split_ds, fast_exp = inputs
     out, lse = output
@@ -204,44 +214,16 @@ def _gated_setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _gated_autograd_backward(ctx, dout, _dlse, backward=_gated_bwd_op):
+def _gated_autograd_backward(ctx, dout, _dlse, backward_fn=_gated_bwd_op):
     qkvg, bias, key_bias, out, lse = ctx.saved_tensors
-    dqkvg, dbias = backward(dout, qkvg, bias, key_bias, out, lse, ctx.sigmoid, ctx.scale, ctx.split_ds,
-                            ctx.fast_exp)
+    dqkvg, dbias = backward_fn(dout, qkvg, bias, key_bias, out, lse, ctx.sigmoid, ctx.scale, ctx.split_ds,
+                               ctx.fast_exp)
     return dqkvg, dbias, None, None, None, None, None, None
 
 
 _gated_fwd_op.register_autograd(_gated_autograd_backward, setup_context=_gated_setup_context)
-
-
-class _EagerGatedTriangleAttention(torch.autograd.Function):
-    """The gated custom ops' eager path, as _EagerTriangleAttention."""
-
-    @staticmethod
-    def forward(ctx, qkvg, bias, key_bias, sigmoid, scale, residuals, split_ds, fast_exp):
-        output = _gated_forward(qkvg, bias, key_bias, sigmoid, scale, residuals, fast_exp)
-        _gated_setup_context(ctx, (qkvg, bias, key_bias, sigmoid, scale, residuals, split_ds, fast_exp), output)
-        return output
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        return _gated_autograd_backward(ctx, dout, dlse, backward=_gated_backward)
-
-
-class _EagerTriangleAttention(torch.autograd.Function):
-    """The eager path: the custom ops' forward and backward, called without torch.library's dispatch, which costs
-    ~80 µs per forward + backward on a 2-core CPU (~40 % of the host time of a call) and shows at N <= 256, where
-    the kernels take ~0.1 ms. Under torch.compile the custom ops are used, opaque to the compiler."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, bias, key_bias, sigmoid, scale, residuals, split_ds, fast_exp):
-        output = launch.forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp)
-        _setup_context(ctx, (q, k, v, bias, key_bias, sigmoid, scale, residuals, split_ds, fast_exp), output)
-        return output
-
-    @staticmethod
-    def backward(ctx, do, dlse):
-        return _autograd_backward(ctx, do, dlse, backward=launch.backward)
+_EagerGatedTriangleAttention = eager_function("_EagerGatedTriangleAttention", _gated_forward, _gated_setup_context,
+                                              _gated_autograd_backward, _gated_backward)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -259,7 +241,7 @@ def triangle_attention(
     scale: float | None = None,
     sigmoid_bias: float | None = None,
     backend: str = "auto",
-    split_ds: bool | None = None,
+    split_ds: bool = False,
 ) -> torch.Tensor:
     """Fused triangle attention (AF3 SI Alg 14/15; Alg 24 with I = 1), softmax or sigmoid.
 
@@ -270,23 +252,21 @@ def triangle_attention(
         activation: "softmax", or "sigmoid" (o = sum_k sigmoid(s_ijk + beta_i) v_ik, no normaliser)
         scale: score scale, default 1/sqrt(D)
         sigmoid_bias: beta for activation="sigmoid"; default -log(number of valid keys of row i)
-        backend: "triton", "torch" (the reference in the input dtype) or "auto" (triton on CUDA, else torch)
+        backend: "triton", "torch" (the reference in the input dtype) or "auto" (triton where ``kernel_takes``,
+            else torch)
         split_ds: for 16-bit inputs, the backward splits dS into bf16 hi + lo parts before its products with k and
-            q (dq, dk errors 1.7e-3) or rounds it once (2.4e-3, as cuEquivariance's; ~1.2 ms less per backward at
-            N = 768); None: ``launch.algorithm``'s choice (split by default)
+            q (dq, dk errors 1.7e-3 at N = 256, D = 32) instead of rounding it once (2.4e-3, as cuEquivariance's;
+            ~1.2 ms less per backward at N = 768)
     Returns:
         o: [B, I, J, H, D] in the input dtype, contiguous
     """
     _check_inputs(q, k, v, bias, mask, activation, sigmoid_bias, backend)
-    backend = _resolve_backend(backend, q)
-    if backend == "torch":
+    if _resolve_backend(backend, q) == "torch":
         return triangle_attention_ref(q, k, v, bias, mask, activation=activation, scale=scale,
                                       sigmoid_bias=sigmoid_bias)
-    call = _kernel_call(q, (q, k, v, bias), mask, activation, scale, sigmoid_bias, split_ds)
-    if not call["residuals"] and not torch.compiler.is_compiling():   # inference: no autograd node (~10 us)
-        return launch.forward(q, k, v, bias, *call["forward"])[0]
-    apply = _fwd_op if torch.compiler.is_compiling() else _EagerTriangleAttention.apply
-    o, _ = apply(q, k, v, bias, *call["op"])
+    grad = needs_grad(q, k, v, bias)
+    inputs = (q, k, v, bias, *_kernel_arguments(q, mask, activation, scale, sigmoid_bias, split_ds, grad))
+    o, _ = dispatch(_fwd_op, _EagerTriangleAttention, _forward, inputs, grad)
     return o
 
 
@@ -299,7 +279,7 @@ def gated_triangle_attention(
     scale: float | None = None,
     sigmoid_bias: float | None = None,
     backend: str = "auto",
-    split_ds: bool | None = None,
+    split_ds: bool = False,
 ) -> torch.Tensor:
     """Gated triangle attention: sigmoid(g) * triangle_attention(q, k, v, bias, mask) (AF3 SI Alg 14 lines 5-6).
 
@@ -315,22 +295,19 @@ def gated_triangle_attention(
                          f"{tuple(qkvg.shape) if isinstance(qkvg, torch.Tensor) else type(qkvg).__name__}")
     q, k, v, g = qkvg.unbind(3)
     _check_inputs(q, k, v, bias, mask, activation, sigmoid_bias, backend)
-    backend = _resolve_backend(backend, q)
-    if backend == "torch":
+    if _resolve_backend(backend, q) == "torch":
         return torch.sigmoid(g) * triangle_attention_ref(q, k, v, bias, mask, activation=activation, scale=scale,
                                                          sigmoid_bias=sigmoid_bias)
-    call = _kernel_call(q, (qkvg, bias), mask, activation, scale, sigmoid_bias, split_ds)
-    if not call["residuals"] and not torch.compiler.is_compiling():
-        return launch.forward(q, k, v, bias, *call["forward"], gate=g)[0]
-    apply = _gated_fwd_op if torch.compiler.is_compiling() else _EagerGatedTriangleAttention.apply
-    out, _ = apply(qkvg, bias, *call["op"])
+    grad = needs_grad(qkvg, bias)
+    inputs = (qkvg, bias, *_kernel_arguments(q, mask, activation, scale, sigmoid_bias, split_ds, grad))
+    out, _ = dispatch(_gated_fwd_op, _EagerGatedTriangleAttention, _gated_forward, inputs, grad)
     return out
 
 
-def _kernel_call(q: torch.Tensor, inputs: tuple, mask: torch.Tensor | None, activation: str, scale: float | None,
-                 sigmoid_bias: float | None, split_ds: bool | None) -> dict:
-    """What the kernels need beyond the tensors: ``forward``, the trailing arguments of launch.forward for an
-    inference call; ``op``, those of the custom ops; ``residuals``, whether a backward will follow."""
+def _kernel_arguments(q: torch.Tensor, mask: torch.Tensor | None, activation: str, scale: float | None,
+                      sigmoid_bias: float | None, split_ds: bool, residuals: bool) -> tuple:
+    """The forward op's arguments after the tensors: (key_bias, sigmoid, scale, residuals, split_ds, fast_exp);
+    ``residuals``: whether a backward will follow (the forward then keeps lse)."""
     B, I, J, H, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     sigmoid = activation == "sigmoid"
@@ -342,11 +319,8 @@ def _kernel_call(q: torch.Tensor, inputs: tuple, mask: torch.Tensor | None, acti
             beta = -torch.log(mask.sum(-1).clamp(min=1).to(torch.float32))      # [B, I]
         else:
             beta = torch.full((B, I), -math.log(J), dtype=torch.float32, device=q.device)
-    residuals = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
-    choice = launch.current_algorithm()   # taken here, at the forward, for its backward too
-    split_ds = (choice.split_ds if split_ds is None else split_ds) and q.dtype != torch.float32   # float32 dS
-                                                                     # goes into float32 products unrounded
-    fast_exp = choice.fast_exp and q.is_cuda and not launch.interpreting()   # the interpreter cannot run PTX
+    split_ds = split_ds and q.dtype != torch.float32       # float32 dS goes into float32 products unrounded
+    # taken here, at the forward, for its backward too; the interpreter cannot run PTX
+    fast_exp = tiles(D).fast_exp and q.is_cuda and not interpreting()
     key_bias = _key_bias(mask, beta, scale, (B, I, J))      # once, for the forward and its backward
-    return {"residuals": residuals, "forward": (key_bias, sigmoid, scale, False, fast_exp),
-            "op": (key_bias, sigmoid, scale, residuals, split_ds, fast_exp)}
+    return key_bias, sigmoid, scale, residuals, split_ds, fast_exp

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mini_of3.model.kernel_choice import KernelChoice
 from mini_of3.model.norm import LayerNorm
 from mini_of3.model.projections import linear_channels_first
 from mini_of3.model.transition import AdaLN
@@ -24,10 +25,11 @@ class AttentionPairBias(nn.Module):
     c_z : channels of the pair track z
     n_heads : number of heads; head dim = c_a // n_heads
     c_s : channels of the conditioning s, or None for no conditioning
-    backend : model.tri_attn_backend (mini_of3 uses our kernel when the head dim allows it)
+    kernels : the kernel choice (its tri_attn_backend; mini_of3 uses our kernel when the head dim allows it)
     """
 
-    def __init__(self, *, c_a: int, c_z: int, n_heads: int, c_s: int | None = None, backend: str = "auto") -> None:
+    def __init__(self, *, c_a: int, c_z: int, n_heads: int, c_s: int | None = None,
+                 kernels: KernelChoice = KernelChoice()) -> None:
         super().__init__()
         if c_a % n_heads:
             raise ValueError(f"AttentionPairBias: c_a={c_a} must be a multiple of n_heads={n_heads}")
@@ -44,7 +46,7 @@ class AttentionPairBias(nn.Module):
         if self.conditioned:
             self.linear_s_gate = nn.Linear(c_s, c_a)
             nn.init.constant_(self.linear_s_gate.bias, -2.0)   # AF3: biasinit = -2
-        self.attend = pair_bias_attention(backend)
+        self.attend = pair_bias_attention(kernels)
 
     def pair_bias(self, z: torch.Tensor) -> torch.Tensor:
         """z: [B, N, N, c_z] -> bias [B, H, N, N] (b_ij = LinearNoBias(LayerNorm(z_ij)), Alg 24 line 6)."""

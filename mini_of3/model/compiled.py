@@ -77,8 +77,8 @@ def sampler_compile_mode(mode: str, device: torch.device) -> str:
     """The compile mode of the sampler step: "reduce-overhead" (a CUDA graph) on CUDA when ``mode`` is "default" or
     "reduce-overhead", else ``mode``. The step runs without gradients (the pLDDT rollout, sampling), so activation
     checkpointing never meets its graph; compiled in the default mode the rollout's 20 steps launched ~4,400 kernels
-    one by one and the GPU sat idle for 68-70 ms of a 708-921 ms step (crop384 model, crop 768, H100,
-    step_gate768_1830343.json), the same in every arm."""
+    one by one and the GPU sat idle for 68-70 ms of a 708-921 ms step (crop384 model, crop 768, H100), the same in
+    every arm."""
     return "reduce-overhead" if device.type == "cuda" and mode in ("default", "reduce-overhead") else mode
 
 

@@ -14,6 +14,7 @@ from torch.utils.checkpoint import checkpoint
 from mini_of3.model.attention import AttentionPairBias
 from mini_of3.model.compiled import run_block, run_sampler_step
 from mini_of3.model.embedder import RelativePositionEncoding
+from mini_of3.model.kernel_choice import KernelChoice
 from mini_of3.model.norm import LayerNorm
 from mini_of3.model.transition import ConditionedTransitionBlock, Transition
 
@@ -113,9 +114,10 @@ class DiffusionTransformerBlock(nn.Module):
     """One block of the diffusion transformer (AF3 SI Alg 23): attention with pair bias conditioned on s, then a
     conditioned transition, each added to a as a residual."""
 
-    def __init__(self, *, c_token: int, c_s: int, c_z: int, n_heads: int, backend: str = "auto") -> None:
+    def __init__(self, *, c_token: int, c_s: int, c_z: int, n_heads: int,
+                 kernels: KernelChoice = KernelChoice()) -> None:
         super().__init__()
-        self.attention = AttentionPairBias(c_a=c_token, c_z=c_z, n_heads=n_heads, c_s=c_s, backend=backend)
+        self.attention = AttentionPairBias(c_a=c_token, c_z=c_z, n_heads=n_heads, c_s=c_s, kernels=kernels)
         self.transition = ConditionedTransitionBlock(c_a=c_token, c_s=c_s, n=2)
 
     def forward(self, a: torch.Tensor, s: torch.Tensor, z: torch.Tensor, mask: torch.Tensor,
@@ -138,12 +140,13 @@ class DiffusionModule(nn.Module):
     c_s, c_z : trunk channels; c_inputs : channels of s_inputs; c_token : transformer width
     n_blocks, n_heads : transformer depth and heads
     sigma_data : data standard deviation in A (AF3: 16)
-    backend : model.tri_attn_backend (for the attention with pair bias)
+    kernels : the kernel choice (its tri_attn_backend, for the attention with pair bias)
     checkpointing : recompute each transformer block in the backward pass
     """
 
     def __init__(self, *, c_s: int, c_z: int, c_inputs: int, c_token: int, n_blocks: int, n_heads: int,
-                 sigma_data: float = 16.0, backend: str = "auto", checkpointing: bool = False) -> None:
+                 sigma_data: float = 16.0, kernels: KernelChoice = KernelChoice(),
+                 checkpointing: bool = False) -> None:
         super().__init__()
         self.sigma_data, self.checkpointing = sigma_data, checkpointing
         self.conditioning = DiffusionConditioning(c_s=c_s, c_z=c_z, c_inputs=c_inputs, sigma_data=sigma_data)
@@ -152,7 +155,7 @@ class DiffusionModule(nn.Module):
         self.layer_norm_s = LayerNorm(c_s)
         self.linear_s = nn.Linear(c_s, c_token, bias=False)
         self.blocks = nn.ModuleList(DiffusionTransformerBlock(c_token=c_token, c_s=c_s, c_z=c_z, n_heads=n_heads,
-                                                              backend=backend) for _ in range(n_blocks))
+                                                              kernels=kernels) for _ in range(n_blocks))
         self.layer_norm_a = LayerNorm(c_token)
         self.linear_out = nn.Linear(c_token, 3, bias=False)     # zero at build (init.py): D(x, t) = c_skip(t) x
         self.run_block = run_block          # compiled by mini_of3.model.compiled.compile_blocks

@@ -2,7 +2,7 @@
 
 FLOPs are matrix-multiply FLOPs (2 per multiply-add) of the forward pass for one structure of N tokens, the work
 that dominates and that ``torch.utils.flop_counter`` counts; forward + backward is about 3x (3.5x for attention with
-one recomputation, DESIGN.md). Run ``python -m mini_of3.model.flops [N]`` for the table at the default config.
+one recomputation, docs/design.md). Run ``python -m mini_of3.model.flops [N]`` for the table at the default config.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def block_costs(cfg: ModelConfig, n_tokens: int) -> dict[str, dict[str, int]]:
     tri_attn = {
         # LayerNorm (2 c_z), q k v g (c_z x H D each), bias (c_z x H), output (H D x c_z)
         "params": 2 * cz + 5 * cz * ht * dt + cz * ht,
-        # projections per pair; scores and weighted sum: 4 N^3 H D (DESIGN.md)
+        # projections per pair; scores and weighted sum: 4 N^3 H D (docs/design.md)
         "flops": 2 * pairs * (5 * cz * ht * dt + cz * ht) + 4 * n ** 3 * ht * dt,
     }
     pair_transition = {"params": 2 * cz + 3 * f * cz * cz, "flops": 2 * pairs * 3 * f * cz * cz}

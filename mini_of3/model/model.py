@@ -11,6 +11,7 @@ from mini_of3.model.diffusion import DiffusionModule, chain_interior
 from mini_of3.model.embedder import InputEmbedder
 from mini_of3.model.heads import DistogramHead, PLDDTHead, bin_boundaries
 from mini_of3.model.init import init_final_layers
+from mini_of3.model.kernel_choice import KernelChoice
 from mini_of3.model.norm import LayerNorm
 from mini_of3.model.pairformer import PairformerStack
 from mini_of3.model.sampler import centre_random_augmentation, randn, sample_diffusion, training_noise_levels
@@ -26,6 +27,7 @@ class MiniOF3(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
+        kernels = KernelChoice.from_config(cfg)      # checked here, once; anchors are imported by the layers
         self.embedder = InputEmbedder(c_s=cfg.c_s, c_z=cfg.c_z)
         # recycling (Alg 1 lines 8 and 11): the previous cycle's z and s enter through LayerNorm + LinearNoBias
         self.layer_norm_z_cycle = LayerNorm(cfg.c_z)
@@ -37,14 +39,12 @@ class MiniOF3(nn.Module):
             c_s=cfg.c_s, c_z=cfg.c_z,
             n_heads_tri=cfg.n_heads_tri, c_hidden_tri=cfg.c_hidden_tri, n_heads_single=cfg.n_heads_single,
             c_hidden_mul=cfg.c_hidden_mul, transition_factor=cfg.transition_factor, pair_dropout=cfg.pair_dropout,
-            tri_attn_backend=cfg.tri_attn_backend, tri_mul_backend=cfg.tri_mul_backend,
-            tri_attn_activation=cfg.tri_attn_activation, tri_attn_fused_gate=cfg.tri_attn_fused_gate,
-            tri_attn_split_ds=cfg.tri_attn_split_ds, pair_transition_backend=cfg.pair_transition_backend)
+            kernels=kernels)
         self.distogram_head = DistogramHead(c_z=cfg.c_z, n_bins=cfg.distogram_bins)
         self.diffusion = DiffusionModule(
             c_s=cfg.c_s, c_z=cfg.c_z, c_inputs=self.embedder.c_inputs, c_token=cfg.c_token,
             n_blocks=cfg.diffusion_blocks, n_heads=cfg.diffusion_heads, sigma_data=cfg.sigma_data,
-            backend=cfg.tri_attn_backend, checkpointing=cfg.checkpointing)
+            kernels=kernels, checkpointing=cfg.checkpointing)
         self.plddt_head = PLDDTHead(c_s=cfg.c_s, c_z=cfg.c_z, n_bins=cfg.plddt_bins)
         init_final_layers(self)          # residual updates start at zero, distogram logits uniform (AF3)
 

@@ -3,9 +3,9 @@
 Under autocast PyTorch runs ``layer_norm`` in float32: it widens a bf16 input in one pass, writes a float32 output,
 and every projection that reads it casts it back to bf16 in another. At N = 768 one pair tensor is 75.5 M values,
 and those passes were a quarter of a training step's GPU time (the float32 layer norm kernel and the dtype copies,
-``benchmarks/results/step_crop384_334e474.json``). Here a bf16 (or fp16) input under autocast is normalised in its
-own dtype: the CUDA kernel still accumulates the statistics and the affine map in float32 and rounds the output once,
-to the dtype the projections would have cast it to. Only the affine weights are rounded to bf16 on the way in.
+in a step of the crop384 config). Here a bf16 (or fp16) input under autocast is normalised in its own dtype: the
+CUDA kernel still accumulates the statistics and the affine map in float32 and rounds the output once, to the dtype
+the projections would have cast it to. Only the affine weights are rounded to bf16 on the way in.
 OpenFold's LayerNorm does the same under bf16.
 """
 from __future__ import annotations

@@ -7,6 +7,7 @@ from torch.utils.checkpoint import checkpoint
 
 from mini_of3.model.attention import AttentionPairBias
 from mini_of3.model.compiled import run_block
+from mini_of3.model.kernel_choice import KernelChoice
 from mini_of3.model.transition import Transition
 from mini_of3.model.triangle import TriangleAttention, TriangleMultiplication
 
@@ -36,28 +37,23 @@ class PairformerBlock(nn.Module):
     c_hidden_mul : channels of the triangle multiplication
     transition_factor : expansion of both transitions (AF3: 4)
     pair_dropout : rate of the row/column-shared dropout on the triangle updates (AF3: 0.25)
-    tri_attn_backend, tri_mul_backend, tri_attn_activation, tri_attn_fused_gate, tri_attn_split_ds,
-        pair_transition_backend : see DESIGN.md and config.py (model.*)
+    kernels : which kernel runs each fused layer (mini_of3.model.kernel_choice)
     """
 
     def __init__(self, *, c_s: int, c_z: int, n_heads_tri: int, c_hidden_tri: int, n_heads_single: int,
                  c_hidden_mul: int, transition_factor: int = 4, pair_dropout: float = 0.25,
-                 tri_attn_backend: str = "auto", tri_mul_backend: str = "auto",
-                 tri_attn_activation: str = "softmax", tri_attn_fused_gate: bool = True,
-                 tri_attn_split_ds: bool = False, pair_transition_backend: str = "auto") -> None:
+                 kernels: KernelChoice = KernelChoice()) -> None:
         super().__init__()
         self.pair_dropout = pair_dropout
         self.tri_mul_out = TriangleMultiplication(c_z=c_z, c_hidden=c_hidden_mul, direction="outgoing",
-                                                  backend=tri_mul_backend)
+                                                  kernels=kernels)
         self.tri_mul_in = TriangleMultiplication(c_z=c_z, c_hidden=c_hidden_mul, direction="incoming",
-                                                 backend=tri_mul_backend)
-        attn = dict(c_z=c_z, n_heads=n_heads_tri, c_hidden=c_hidden_tri, backend=tri_attn_backend,
-                    activation=tri_attn_activation, fused_gate=tri_attn_fused_gate, split_ds=tri_attn_split_ds)
+                                                 kernels=kernels)
+        attn = dict(c_z=c_z, n_heads=n_heads_tri, c_hidden=c_hidden_tri, kernels=kernels)
         self.tri_attn_start = TriangleAttention(node="starting", **attn)
         self.tri_attn_end = TriangleAttention(node="ending", **attn)
-        self.pair_transition = Transition(c=c_z, n=transition_factor, backend=pair_transition_backend)
-        self.single_attention = AttentionPairBias(c_a=c_s, c_z=c_z, n_heads=n_heads_single,
-                                                  backend=tri_attn_backend)
+        self.pair_transition = Transition(c=c_z, n=transition_factor, kernels=kernels)
+        self.single_attention = AttentionPairBias(c_a=c_s, c_z=c_z, n_heads=n_heads_single, kernels=kernels)
         self.single_transition = Transition(c=c_s, n=transition_factor)
 
     def forward(self, s: torch.Tensor, z: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

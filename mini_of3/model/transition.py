@@ -7,9 +7,8 @@ from torch import nn
 
 from mini_of3.kernels import transition
 from mini_of3.kernels.transition import kernel_takes
+from mini_of3.model.kernel_choice import KernelChoice, runs_kernel
 from mini_of3.model.norm import LayerNorm
-
-TRANSITION_BACKENDS = ("auto", "mini_of3", "torch")
 
 
 class Transition(nn.Module):
@@ -19,17 +18,16 @@ class Transition(nn.Module):
     ----------
     c : channels of the input and output
     n : expansion factor (4 in the Pairformer, 2 in the diffusion conditioning)
-    backend : "torch" (PyTorch, as below), "mini_of3" (our fused kernel, :func:`mini_of3.kernels.transition`: the
-        hidden activations stay on the chip; CUDA, or CPU under TRITON_INTERPRET=1) or "auto" (the kernel on CUDA
-        where it takes the widths and dtype: c <= 256, c and n c multiples of 16, 16- or 32-bit floats; else
-        PyTorch)
+    kernels : for the Pairformer's pair transition, the kernel choice, whose pair_transition_backend picks
+        "torch" (PyTorch, as below), "mini_of3" (our fused kernel, :func:`mini_of3.kernels.transition`: the hidden
+        activations stay on the chip; CUDA, or CPU under TRITON_INTERPRET=1) or "auto" (the kernel on CUDA where it
+        takes the widths and dtype: c <= 256, c and n c multiples of 16, 16- or 32-bit floats; else PyTorch);
+        None (every other transition): PyTorch
     """
 
-    def __init__(self, *, c: int, n: int = 4, backend: str = "torch") -> None:
+    def __init__(self, *, c: int, n: int = 4, kernels: KernelChoice | None = None) -> None:
         super().__init__()
-        if backend not in TRANSITION_BACKENDS:
-            raise ValueError(f"Transition: backend must be one of {TRANSITION_BACKENDS}, got {backend!r}")
-        self.backend = backend
+        self.backend = "torch" if kernels is None else kernels.pair_transition_backend
         self.layer_norm = LayerNorm(c)
         self.linear_a = nn.Linear(c, n * c, bias=False)
         self.linear_b = nn.Linear(c, n * c, bias=False)
@@ -37,7 +35,7 @@ class Transition(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., c] -> update [..., c] (the caller adds the residual)."""
-        if self.backend == "mini_of3" or (self.backend == "auto" and kernel_takes(x, self.linear_a.out_features)):
+        if runs_kernel(self.backend, kernel_takes(x, self.linear_a.out_features)):
             return transition(x, norm_weight=self.layer_norm.weight, norm_bias=self.layer_norm.bias,
                               a_weight=self.linear_a.weight, b_weight=self.linear_b.weight,
                               out_weight=self.linear_out.weight, eps=self.layer_norm.eps, backend="triton")

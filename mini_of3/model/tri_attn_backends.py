@@ -1,4 +1,4 @@
-"""Triangle attention backends: one call signature, several implementations (DESIGN.md, Tensor conventions).
+"""Triangle attention backends: one call signature, several implementations (docs/design.md, Tensor conventions).
 
 Every backend takes mini_of3's layout and mask convention and returns the same thing:
 
@@ -8,10 +8,14 @@ Every backend takes mini_of3's layout and mask convention and returns the same t
     mask:    [B, I, K] bool, True = attend (or None)
     o:       [B, I, J, H, D]
 
-``mini_of3`` is our fused Triton kernel, ``torch`` its plain PyTorch reference, ``auto`` the kernel on CUDA and the
-reference on CPU. The anchors (``trifast``, ``cueq``, ``of3_triton``) are imported only when chosen; the adapters
-below map layouts and mask conventions onto theirs and copy none of their code. They may copy a non-contiguous input
-internally: that cost is theirs.
+    tri_attn_backend(kernels) -> attend                 the choice's ``tri_attn_backend``
+    tri_attn_backend_gated(kernels) -> attend_gated     the same with the gate inside our kernels, or None
+    pair_bias_attention(kernels) -> attend              the single track's attention (AF3 SI Alg 24)
+
+``mini_of3`` is our fused Triton kernel, ``torch`` its plain PyTorch reference, ``auto`` the kernel where it takes
+the call and the reference elsewhere (``mini_of3.model.kernel_choice``). The anchors (``trifast``, ``cueq``,
+``of3_triton``) are imported only when chosen; the adapters below map layouts and mask conventions onto theirs and
+copy none of their code. They may copy a non-contiguous input internally: that cost is theirs.
 """
 from __future__ import annotations
 
@@ -21,10 +25,9 @@ from collections.abc import Callable
 import torch
 
 from mini_of3.kernels import gated_triangle_attention, triangle_attention
-from mini_of3.kernels.triangle_attention import SUPPORTED_HEAD_DIMS
+from mini_of3.kernels.triangle_attention import SUPPORTED_HEAD_DIMS, kernel_takes
+from mini_of3.model.kernel_choice import OURS, KernelChoice, runs_kernel
 
-TRI_ATTN_BACKENDS = ("auto", "mini_of3", "torch", "trifast", "cueq", "of3_triton")
-_KERNEL_BACKENDS = {"auto": "auto", "mini_of3": "triton", "torch": "torch"}   # ours -> the kernels' backend=
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 _ANCHOR_PACKAGES = {
@@ -52,10 +55,12 @@ def _key_mask(q: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return torch.ones(B, I, J, dtype=torch.bool, device=q.device)
 
 
-def _mini_of3(kernel_backend: str, activation: str, split_ds: bool | None) -> Attend:
+def _ours(kernels: KernelChoice) -> Attend:
+    backend, activation, split_ds = kernels.tri_attn_backend, kernels.tri_attn_activation, kernels.tri_attn_split_ds
+
     def attend(q, k, v, bias, mask):
-        return triangle_attention(q, k, v, bias, mask, activation=activation, backend=kernel_backend,
-                                  split_ds=split_ds)
+        kernel = "triton" if runs_kernel(backend, kernel_takes(q)) else "torch"
+        return triangle_attention(q, k, v, bias, mask, activation=activation, backend=kernel, split_ds=split_ds)
     return attend
 
 
@@ -94,24 +99,11 @@ def _of3_triton(fn) -> Attend:
 _RAW_TRITON_ANCHORS = ("trifast", "of3_triton")
 
 
-def tri_attn_backend(name: str, activation: str = "softmax", split_ds: bool | None = None) -> Attend:
-    """The triangle attention function for ``model.tri_attn_backend`` = ``name`` (imports an anchor now).
-
-    Parameters
-    ----------
-    name : one of auto | mini_of3 | torch | trifast | cueq | of3_triton
-    activation : softmax | sigmoid (sigmoid only with auto, mini_of3 and torch)
-    split_ds : model.tri_attn_split_ds, for our kernel (:func:`mini_of3.kernels.triangle_attention`)
-    """
-    if name not in TRI_ATTN_BACKENDS:
-        raise ValueError(f"tri_attn_backend must be one of {TRI_ATTN_BACKENDS}, got {name!r}")
-    if activation not in ("softmax", "sigmoid"):
-        raise ValueError(f"tri_attn_activation must be 'softmax' or 'sigmoid', got {activation!r}")
-    if name in _KERNEL_BACKENDS:
-        return _mini_of3(_KERNEL_BACKENDS[name], activation, split_ds)
-    if activation != "softmax":
-        raise ValueError(f"tri_attn_backend {name!r} implements softmax attention only, got "
-                         f"tri_attn_activation={activation!r}")
+def tri_attn_backend(kernels: KernelChoice) -> Attend:
+    """The triangle attention function for ``kernels.tri_attn_backend`` (imports an anchor now)."""
+    name = kernels.tri_attn_backend
+    if name in OURS:
+        return _ours(kernels)
     fn = import_anchor(name, *_ANCHOR_PACKAGES[name])
     attend = {"trifast": _trifast, "cueq": _cueq, "of3_triton": _of3_triton}[name](fn)
     if name in _RAW_TRITON_ANCHORS:
@@ -119,35 +111,31 @@ def tri_attn_backend(name: str, activation: str = "softmax", split_ds: bool | No
     return attend
 
 
-def tri_attn_backend_gated(name: str, activation: str = "softmax", split_ds: bool | None = None):
+def tri_attn_backend_gated(kernels: KernelChoice):
     """For our backends (auto, mini_of3, torch), ``attend_gated(qkvg, bias, mask) -> sigmoid(g) * o`` with q, k, v
     and g packed [B, I, J, 4, H, D] (:func:`mini_of3.kernels.gated_triangle_attention`: the gate in the kernels, the
-    four gradients in one buffer); None for the anchors, which take q, k, v only (the model gates around them).
-    ``name`` and ``activation`` are checked by :func:`tri_attn_backend`; ``split_ds`` as there."""
-    if name not in _KERNEL_BACKENDS:
+    four gradients in one buffer); None for the anchors, which take q, k, v only (the model gates around them)."""
+    backend, activation, split_ds = kernels.tri_attn_backend, kernels.tri_attn_activation, kernels.tri_attn_split_ds
+    if backend not in OURS:
         return None
-    kernel_backend = _KERNEL_BACKENDS[name]
 
     def attend_gated(qkvg, bias, mask):
-        return gated_triangle_attention(qkvg, bias, mask, activation=activation, backend=kernel_backend,
-                                        split_ds=split_ds)
+        kernel = "triton" if runs_kernel(backend, kernel_takes(qkvg.select(3, 0))) else "torch"
+        return gated_triangle_attention(qkvg, bias, mask, activation=activation, backend=kernel, split_ds=split_ds)
     return attend_gated
 
 
-def pair_bias_attention(name: str) -> Attend:
+def pair_bias_attention(kernels: KernelChoice) -> Attend:
     """Softmax attention with pair bias for the single track (AF3 SI Alg 24): the triangle kernel with I = samples.
 
-    ``name`` is ``model.tri_attn_backend``, but the anchors do not take part here: with ``trifast``, ``cueq`` or
-    ``of3_triton`` chosen, this attention still runs OUR kernel (on CUDA; the reference on CPU), as with ``auto``, so
-    a backend comparison swaps the triangle attention only. ``mini_of3`` forces the Triton kernel, ``torch`` the
-    reference. Either way the reference takes over where the kernel lacks the head dim (it supports 16, 32, 64,
-    128): AF3's single attention has head dim 24.
+    The anchors do not take part here: with ``trifast``, ``cueq`` or ``of3_triton`` chosen for the triangle
+    attention, this attention runs as with ``auto``, so a backend comparison swaps the triangle attention only.
+    ``mini_of3`` takes the Triton kernel, ``torch`` the reference; either way the reference takes over where the
+    kernel lacks the head dim (it supports 16, 32, 64, 128): AF3's single attention has head dim 24.
     """
-    if name not in TRI_ATTN_BACKENDS:
-        raise ValueError(f"tri_attn_backend must be one of {TRI_ATTN_BACKENDS}, got {name!r}")
-    preferred = {"mini_of3": "triton", "torch": "torch"}.get(name, "auto")
+    backend = kernels.tri_attn_backend if kernels.tri_attn_backend in ("mini_of3", "torch") else "auto"
 
     def attend(q, k, v, bias, mask):
-        backend = preferred if q.shape[-1] in SUPPORTED_HEAD_DIMS else "torch"
-        return triangle_attention(q, k, v, bias, mask, activation="softmax", backend=backend)
+        ours = q.shape[-1] in SUPPORTED_HEAD_DIMS and runs_kernel(backend, kernel_takes(q))
+        return triangle_attention(q, k, v, bias, mask, activation="softmax", backend="triton" if ours else "torch")
     return attend

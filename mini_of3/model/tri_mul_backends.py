@@ -3,10 +3,13 @@
     triangle_multiplication(z, mask, *, direction, norm_in_weight, norm_in_bias, p_in_weight, g_in_weight,
                             norm_out_weight, norm_out_bias, p_out_weight, g_out_weight, eps) -> [B, N, N, C]
 
+    tri_mul_backend(kernels) -> update      the function for the choice's ``tri_mul_backend``
+
 ``torch`` is the plain PyTorch version below, ``mini_of3`` our fused Triton kernel
 (``mini_of3.kernels.triangle_multiplication``; CUDA, or CPU under TRITON_INTERPRET=1, else it raises a ValueError
-at the call, as the ``mini_of3`` attention backend does), ``cueq`` cuEquivariance's fused
-``triangle_multiplicative_update`` (imported only when chosen), ``auto`` the torch version.
+at the call, as the ``mini_of3`` attention backend does), ``auto`` the kernel where it takes the call and the torch
+version elsewhere (``mini_of3.model.kernel_choice``), ``cueq`` cuEquivariance's fused
+``triangle_multiplicative_update`` (imported only when chosen).
 """
 from __future__ import annotations
 
@@ -16,11 +19,11 @@ import torch
 import torch.nn.functional as F
 
 from mini_of3.kernels import triangle_multiplication
+from mini_of3.kernels.triangle_multiplication import kernel_takes
+from mini_of3.model.kernel_choice import KernelChoice, runs_kernel
 from mini_of3.model.norm import layer_norm
 from mini_of3.model.projections import linear_channels_first
 from mini_of3.model.tri_attn_backends import import_anchor
-
-TRI_MUL_BACKENDS = ("auto", "mini_of3", "torch", "cueq")
 
 
 def triangle_multiplication_torch(
@@ -79,8 +82,12 @@ def triangle_multiplication_torch(
     return g * out.view(B, N, N, C)
 
 
-def _mini_of3(z, mask=None, **weights):
-    return triangle_multiplication(z, mask, backend="triton", **weights)
+def _ours(backend: str) -> Callable:
+    def update(z, mask=None, **weights):
+        if runs_kernel(backend, kernel_takes(z, weights["p_in_weight"].shape[0] // 2)):
+            return triangle_multiplication(z, mask, backend="triton", **weights)
+        return triangle_multiplication_torch(z, mask, **weights)
+    return update
 
 
 def _cueq(fn) -> Callable:
@@ -89,12 +96,8 @@ def _cueq(fn) -> Callable:
     return update
 
 
-def tri_mul_backend(name: str) -> Callable:
-    """The triangle multiplication function for ``model.tri_mul_backend`` = ``name`` (imports cueq now if chosen)."""
-    if name not in TRI_MUL_BACKENDS:
-        raise ValueError(f"tri_mul_backend must be one of {TRI_MUL_BACKENDS}, got {name!r}")
-    if name in ("auto", "torch"):
-        return triangle_multiplication_torch
-    if name == "mini_of3":
-        return _mini_of3
-    return _cueq(import_anchor("cueq", "cuequivariance_torch", "triangle_multiplicative_update"))
+def tri_mul_backend(kernels: KernelChoice) -> Callable:
+    """The triangle multiplication function for ``kernels.tri_mul_backend`` (imports cueq now if chosen)."""
+    if kernels.tri_mul_backend == "cueq":
+        return _cueq(import_anchor("cueq", "cuequivariance_torch", "triangle_multiplicative_update"))
+    return _ours(kernels.tri_mul_backend)

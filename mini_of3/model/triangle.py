@@ -6,6 +6,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from mini_of3.model.kernel_choice import KernelChoice
 from mini_of3.model.norm import LayerNorm
 from mini_of3.model.projections import linear_channels_first
 from mini_of3.model.tri_attn_backends import tri_attn_backend, tri_attn_backend_gated
@@ -24,11 +25,11 @@ class TriangleMultiplication(nn.Module):
     c_z : pair channels
     c_hidden : channels of a and b (AF3: 128)
     direction : "outgoing" | "incoming"
-    backend : model.tri_mul_backend (auto | mini_of3 | torch | cueq)
+    kernels : the kernel choice (its tri_mul_backend: auto | mini_of3 | torch | cueq)
     """
 
     def __init__(self, *, c_z: int, c_hidden: int, direction: Literal["outgoing", "incoming"],
-                 backend: str = "auto") -> None:
+                 kernels: KernelChoice = KernelChoice()) -> None:
         super().__init__()
         if direction not in ("outgoing", "incoming"):
             raise ValueError(f"TriangleMultiplication: direction must be 'outgoing' or 'incoming', got {direction!r}")
@@ -39,7 +40,7 @@ class TriangleMultiplication(nn.Module):
         self.norm_out = LayerNorm(c_hidden)
         self.p_out = nn.Linear(c_hidden, c_z, bias=False)
         self.g_out = nn.Linear(c_z, c_z, bias=False)
-        self.update = tri_mul_backend(backend)
+        self.update = tri_mul_backend(kernels)
 
     def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
         """z: [B, N, N, c_z], pair_mask: [B, N, N] bool -> update [B, N, N, c_z]."""
@@ -68,14 +69,12 @@ class TriangleAttention(nn.Module):
     c_z : pair channels
     n_heads, c_hidden : heads and head dim (AF3: 4 x 32)
     node : "starting" | "ending"
-    backend : model.tri_attn_backend; activation : model.tri_attn_activation (softmax | sigmoid)
-    fused_gate : model.tri_attn_fused_gate: with our backends, the gate inside the kernels (else in PyTorch)
-    split_ds : model.tri_attn_split_ds: our kernel's backward splits dS into hi + lo bf16 parts (else rounds it)
+    kernels : the kernel choice (its tri_attn_backend, tri_attn_activation, tri_attn_fused_gate: with our backends
+        the gate inside the kernels, else in PyTorch; tri_attn_split_ds)
     """
 
     def __init__(self, *, c_z: int, n_heads: int, c_hidden: int, node: Literal["starting", "ending"],
-                 backend: str = "auto", activation: str = "softmax", fused_gate: bool = True,
-                 split_ds: bool = False) -> None:
+                 kernels: KernelChoice = KernelChoice()) -> None:
         super().__init__()
         if node not in ("starting", "ending"):
             raise ValueError(f"TriangleAttention: node must be 'starting' or 'ending', got {node!r}")
@@ -87,8 +86,8 @@ class TriangleAttention(nn.Module):
         self.linear_b = nn.Linear(c_z, n_heads, bias=False)
         self.linear_g = nn.Linear(c_z, n_heads * c_hidden, bias=False)
         self.linear_o = nn.Linear(n_heads * c_hidden, c_z, bias=False)
-        self.attend = tri_attn_backend(backend, activation, split_ds)
-        self.attend_gated = tri_attn_backend_gated(backend, activation, split_ds) if fused_gate else None
+        self.attend = tri_attn_backend(kernels)
+        self.attend_gated = tri_attn_backend_gated(kernels) if kernels.tri_attn_fused_gate else None
 
     def attention_inputs(self, z: torch.Tensor, pair_mask: torch.Tensor):
         """The kernel's inputs in this node's frame (the pair itself, or its transpose for the ending node).

@@ -100,7 +100,7 @@ def test_matches_float64_reference_gpu_sizes(shape, C, factor, x_dtype, autocast
 def test_other_tiles_compute_the_same_function(tiles):
     """Any tiles (a sweep on the GPU) meet the float64 reference: 35 rows span one to three programs, hidden 64 one
     to four chunks."""
-    from mini_of3.kernels.transition import transition_tiles
+    from mini_of3.kernels.transition_host import transition_tiles
     with transition_tiles(**tiles):
         check_case((1, 5, 7), 16, 4, torch.float32, torch.bfloat16)
     with pytest.raises(ValueError, match="unknown fields"), transition_tiles(block_m=64):

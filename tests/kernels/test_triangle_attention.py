@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mini_of3.kernels import gated_triangle_attention, triangle_attention, triangle_attention_ref
-from mini_of3.kernels.launch import LaunchConfig, algorithm, launch_config
+from mini_of3.kernels.triangle_attention_host import TriAttnTiles, tri_attn_tiles
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # relative Frobenius error against float64. The interpreter rounds float32 -> bf16 by truncation (twice the error
@@ -105,7 +105,7 @@ def test_extreme_bias_and_masks_stay_finite(activation):
 def test_bitwise_repeat_and_chunked_bias_gradient():
     """Three runs give identical bits; the bias gradient summed over 3 chunks of rows equals the reference."""
     q, k, v, bias, mask, do = make_inputs(1, 7, 24, 2, 16, torch.bfloat16, masked=True, transposed=False)
-    with launch_config(dbias_chunks=3):
+    with tri_attn_tiles(dbias_chunks=3):
         runs = [run(triangle_attention, q, k, v, bias, mask, do, backend="triton") for _ in range(3)]
     for name, first, *again in zip(("o", "dq", "dk", "dv", "dbias"), *runs):
         for other in again:
@@ -125,19 +125,22 @@ def test_delta_is_exact_despite_the_rounded_output(dtype):
     assert rel_err(got[4], ref[4]) < 2e-5, rel_err(got[4], ref[4])
 
 
-def test_split_ds_off_reaches_the_kernels():
-    """``algorithm(split_ds=False)`` (or the keyword ``split_ds=False``) rounds dS to bf16 before dS @ k and dS^T @ q:
-    dq and dk change (within the bf16 bound), o and dv (which do not use those products) stay bitwise the same."""
+def test_split_ds_reaches_the_kernels():
+    """By default (split_ds=False) the backward rounds dS to bf16 once before dS @ k and dS^T @ q; ``split_ds=True``
+    adds the product of the rounding residual: dq and dk change and come closer to float64, o, dv and dbias (which
+    do not use those products) stay bitwise the same. Both within the bf16 bound."""
     q, k, v, bias, mask, do = make_inputs(1, 3, 33, 2, 16, torch.bfloat16, masked=True, transposed=False)
-    split = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
-    with algorithm(split_ds=False):
-        rounded = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
+    rounded = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
     by_keyword = run(triangle_attention, q, k, v, bias, mask, do, backend="triton", split_ds=False)
-    assert all(torch.equal(a, b) for a, b in zip(rounded, by_keyword)), "split_ds=False is algorithm(split_ds=False)"
+    split = run(triangle_attention, q, k, v, bias, mask, do, backend="triton", split_ds=True)
+    assert all(torch.equal(a, b) for a, b in zip(rounded, by_keyword)), "the default is split_ds=False"
     ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
     for name, a, b, r in zip(("o", "dq", "dk", "dv", "dbias"), split, rounded, ref):
+        assert rel_err(a, r) < TOLERANCE[torch.bfloat16 if name != "dbias" else torch.float32], name
         assert rel_err(b, r) < TOLERANCE[torch.bfloat16 if name != "dbias" else torch.float32], name
         assert torch.equal(a, b) == (name not in ("dq", "dk")), name
+        if name in ("dq", "dk"):
+            assert rel_err(a, r) < rel_err(b, r), name
 
 
 def test_mask_view_and_its_copy_agree_bitwise():
@@ -156,19 +159,19 @@ def test_small_tiles_cover_many_tile_loops(dq_rows, prefetch):
     odd number of rows; square and 16 x 32 dbias tiles; the dK/dV kernel's q, dO (and bias) loaded in place or one
     query tile ahead (past the last tile: masked)."""
     q, k, v, bias, mask, do = make_inputs(1, 3, 37, 1, 16, torch.float32, masked=True, transposed=True)
-    with launch_config(fwd_block_j=16, fwd_block_k=16, dq_block_j=16, dq_block_k=16, dq_rows=dq_rows,
-                       dbias_block_j=16, dbias_block_k=16 * dq_rows, dkdv_block_j=16, dkdv_block_k=16,
-                       dkdv_prefetch=prefetch):
+    with tri_attn_tiles(fwd_block_j=16, fwd_block_k=16, dq_block_j=16, dq_block_k=16, dq_rows=dq_rows,
+                        dbias_block_j=16, dbias_block_k=16 * dq_rows, dkdv_block_j=16, dkdv_block_k=16,
+                        dkdv_prefetch=prefetch):
         got = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
     ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
     for g, r in zip(got, ref):
         assert rel_err(g, r) < TOLERANCE[torch.float32]
 
 
-def test_launch_config_takes_keywords_only():
+def test_tiles_take_keywords_only():
     with pytest.raises(TypeError):
-        LaunchConfig(32, 32)
-    assert LaunchConfig(fwd_block_j=32).fwd_block_j == 32
+        TriAttnTiles(32, 32)
+    assert TriAttnTiles(fwd_block_j=32).fwd_block_j == 32
 
 
 def test_custom_sigmoid_bias_and_scale():
@@ -226,7 +229,7 @@ def test_autotuned_launch_reuses_the_choice_per_key(monkeypatch):
     import sys
 
     import triton
-    module = sys.modules["mini_of3.kernels.launch"]
+    module = sys.modules["mini_of3.kernels.triangle_attention_host"]
     calls = []
 
     class Launcher:
@@ -244,18 +247,33 @@ def test_autotuned_launch_reuses_the_choice_per_key(monkeypatch):
     flags = dict(BLOCK_D=32, HAS_KEY_BIAS=True, SIGMOID=False, SPLIT_DS=True)
     bf16 = torch.zeros(2, dtype=torch.bfloat16)
     for _ in range(3):
-        module._launch("fwd", Launcher("direct"), [], None, grid, (bf16, 3), 1024, flags, ("SPLIT_DS",))
+        module._launch_tuned("fwd", Launcher("direct"), [], None, grid, (bf16, 3), 1024, flags, ("SPLIT_DS",))
     assert [kind for kind, _, _ in calls] == ["autotuner", "direct", "direct"]
     _, launch_grid, kwargs = calls[1]
     assert launch_grid == (640,) and kwargs["BLOCK_J"] == 64 and kwargs["num_stages"] == 3 and kwargs["SPLIT_DS"]
-    module._launch("fwd", Launcher("direct"), [], None, grid, (bf16.float(), 3), 1024, flags, ("SPLIT_DS",))
+    module._launch_tuned("fwd", Launcher("direct"), [], None, grid, (bf16.float(), 3), 1024, flags, ("SPLIT_DS",))
     assert calls[-1][0] == "autotuner"
-    # without autotuning (interpreter, MINI_OF3_AUTOTUNE=0, launch_config) the fixed config is launched as given
+    # without autotuning (interpreter, MINI_OF3_AUTOTUNE=0, tri_attn_tiles) the fixed config is launched as given
     monkeypatch.setattr(module, "_autotune_enabled", lambda: False)
     fixed = triton.Config({"BLOCK_J": 16, "BLOCK_K": 16}, num_warps=2, num_stages=1)
-    module._launch("fwd", Launcher("direct"), [], fixed, grid, (bf16, 3), 1024, flags, ("SPLIT_DS",))
+    module._launch_tuned("fwd", Launcher("direct"), [], fixed, grid, (bf16, 3), 1024, flags, ("SPLIT_DS",))
     kind, launch_grid, kwargs = calls[-1]
     assert kind == "direct" and launch_grid == (160,) and kwargs["num_warps"] == 2 and kwargs["BLOCK_K"] == 16
+
+
+def test_a_tile_override_fixes_the_tiles(monkeypatch):
+    """Inside ``with tri_attn_tiles(...)`` (fields or none) the fixed tiles are launched, not the autotuner's."""
+    import sys
+    module = sys.modules["mini_of3.kernels.triangle_attention_host"]
+    for name in ("mini_of3.kernels.triangle_attention_host", "mini_of3.kernels.host"):   # as on the GPU
+        monkeypatch.setattr(sys.modules[name], "interpreting", lambda: False)
+    monkeypatch.setenv("MINI_OF3_AUTOTUNE", "1")
+    assert module._autotune_enabled()
+    with tri_attn_tiles():
+        assert not module._autotune_enabled()
+    with tri_attn_tiles(dq_rows=1):
+        assert not module._autotune_enabled() and module.tiles(32).dq_rows == 1
+    assert module._autotune_enabled() and module.tiles(32) == TriAttnTiles()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -400,12 +418,12 @@ def test_sweep(N, D, H, dtype, activation, transposed):
 def test_every_autotune_candidate_of_the_dkdv_kernel(D):
     """The autotuner may pick any candidate on the GPU (tile shapes, q/dO/bias prefetch), so each one is
     checked here against float64 over partial tiles: N = 70 is no multiple of 32, 64 or 128."""
-    from mini_of3.kernels.launch import _dkdv_configs
+    from mini_of3.kernels.triangle_attention_host import _dkdv_configs
     q, k, v, bias, mask, do = make_inputs(1, 3, 70, 1, D, torch.float32, masked=True, transposed=False, seed=D)
     ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
     for c in _dkdv_configs(D):
-        with launch_config(dkdv_block_j=c.kwargs["BLOCK_J"], dkdv_block_k=c.kwargs["BLOCK_K"], dkdv_warps=c.num_warps,
-                           dkdv_stages=c.num_stages, dkdv_prefetch=c.kwargs["PREFETCH"]):
+        with tri_attn_tiles(dkdv_block_j=c.kwargs["BLOCK_J"], dkdv_block_k=c.kwargs["BLOCK_K"],
+                            dkdv_warps=c.num_warps, dkdv_stages=c.num_stages, dkdv_prefetch=c.kwargs["PREFETCH"]):
             got = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
         for name, g, r in zip(("o", "dq", "dk", "dv", "dbias"), got, ref):
             assert rel_err(g, r) < TOLERANCE[torch.float32], (c, name)

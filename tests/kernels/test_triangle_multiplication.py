@@ -124,7 +124,7 @@ def test_matches_float64_reference_gpu_sizes(B, N, C, h, direction, z_dtype, aut
 def test_other_tiles_compute_the_same_function(tiles):
     """Any tiles (benchmarks/tune_tri_mul.py sweeps them) meet the float64 reference: N = 19 spans one to two
     programs and h = 32 one or two hidden-channel chunks, with masks."""
-    from mini_of3.kernels.triangle_multiplication import tri_mul_tiles
+    from mini_of3.kernels.triangle_multiplication_host import tri_mul_tiles
     with tri_mul_tiles(**tiles):
         check_case(1, 19, 16, 32, "incoming", torch.float32, torch.bfloat16, "bool")
     with pytest.raises(ValueError, match="unknown fields"), tri_mul_tiles(block_m=64):
@@ -135,7 +135,7 @@ def test_other_tiles_compute_the_same_function(tiles):
 def test_fast_gates_meet_the_reference(direction):
     """``fast_gates`` (approximate ex2 and reciprocal for every sigmoid gate) within the same bounds; under the
     interpreter, which cannot run those instructions, the tiles resolve it to the exact gates."""
-    from mini_of3.kernels.triangle_multiplication import tri_mul_tiles
+    from mini_of3.kernels.triangle_multiplication_host import tri_mul_tiles
     n = 97 if torch.cuda.is_available() else 19
     with tri_mul_tiles(fast_gates=True):
         check_case(1, n, 32, 32, direction, torch.float32, torch.bfloat16, "bool")

@@ -7,12 +7,13 @@ import pytest
 import torch
 
 import mini_of3.model.tri_attn_backends as tab
-from mini_of3.config import ConfigError, LossConfig, load_config
+import mini_of3.model.tri_mul_backends as tmb
+from mini_of3.config import ConfigError, LossConfig, ModelConfig, load_config
 from mini_of3.kernels import triangle_attention_ref
 from mini_of3.losses import compute_losses
 from mini_of3.model import build_model
+from mini_of3.model.kernel_choice import KernelChoice
 from mini_of3.model.tri_attn_backends import tri_attn_backend
-from mini_of3.model.tri_mul_backends import tri_mul_backend
 from mini_of3.model.triangle import TriangleAttention, TriangleMultiplication
 from structures import as_batch, read_tokens
 from tiny import perturb_zero_parameters, relative_error, tiny_config
@@ -88,7 +89,7 @@ def test_both_nodes_pass_one_projection_and_a_contiguous_bias_to_the_kernel(monk
     monkeypatch.setattr(tab, "gated_triangle_attention", spy_gated)
     monkeypatch.setattr(tab, "triangle_attention", spy)
     B, N, H, D = 1, 6, 2, 16
-    layer = TriangleAttention(c_z=8, n_heads=H, c_hidden=D, node=node, backend="torch")
+    layer = TriangleAttention(c_z=8, n_heads=H, c_hidden=D, node=node, kernels=KernelChoice(tri_attn_backend="torch"))
     z, pair = torch.randn(B, N, N, 8, dtype=torch.float64), torch.ones(B, N, N, dtype=torch.bool)
     layer.double()
     gated = layer(z, pair)
@@ -110,8 +111,8 @@ def test_tri_mul_on_mini_of3_kernel_equals_torch_path(direction):
     padded tokens: the update and the gradients of z and of every parameter."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
-    layers = [TriangleMultiplication(c_z=16, c_hidden=16, direction=direction, backend=b).to(device)
-              for b in ("torch", "mini_of3")]
+    layers = [TriangleMultiplication(c_z=16, c_hidden=16, direction=direction,
+                                     kernels=KernelChoice(tri_mul_backend=b)).to(device) for b in ("torch", "mini_of3")]
     perturb_zero_parameters(layers[0])
     layers[1].load_state_dict(layers[0].state_dict())
     z = torch.randn(2, 11, 11, 16, device=device)
@@ -131,8 +132,9 @@ def test_tri_mul_on_mini_of3_kernel_equals_torch_path(direction):
 def test_tri_mul_mini_of3_without_cuda_or_interpreter_names_the_fix(monkeypatch):
     """Like the mini_of3 attention backend: on CPU without TRITON_INTERPRET=1 the call raises a ValueError."""
     import sys
-    monkeypatch.setattr(sys.modules["mini_of3.kernels.triangle_multiplication"], "interpreting", lambda: False)
-    layer = TriangleMultiplication(c_z=16, c_hidden=16, direction="outgoing", backend="mini_of3")
+    monkeypatch.setattr(sys.modules["mini_of3.kernels.host"], "interpreting", lambda: False)
+    layer = TriangleMultiplication(c_z=16, c_hidden=16, direction="outgoing",
+                                   kernels=KernelChoice(tri_mul_backend="mini_of3"))
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         layer(torch.randn(1, 4, 4, 16), torch.ones(1, 4, 4, dtype=torch.bool))
 
@@ -141,8 +143,44 @@ def test_auto_is_the_torch_reference_on_cpu():
     q, k, v = (torch.randn(1, 5, 5, 2, 16) for _ in range(3))
     bias, mask = torch.randn(1, 2, 5, 5), torch.rand(1, 5, 5) > 0.2
     expected = triangle_attention_ref(q, k, v, bias, mask)
-    assert torch.equal(tri_attn_backend("auto")(q, k, v, bias, mask), expected)
-    assert torch.equal(tri_attn_backend("torch")(q, k, v, bias, mask), expected)
+    assert torch.equal(tri_attn_backend(KernelChoice())(q, k, v, bias, mask), expected)
+    assert torch.equal(tri_attn_backend(KernelChoice(tri_attn_backend="torch"))(q, k, v, bias, mask), expected)
+
+
+@pytest.mark.parametrize("device_is_cuda", [False, True])
+@pytest.mark.parametrize("op", ["tri_attn", "tri_attn_gated", "pair_bias", "tri_mul", "pair_transition"])
+def test_auto_means_our_kernel_where_it_runs_for_every_op(monkeypatch, op, device_is_cuda):
+    """model.*_backend = auto: our Triton kernel for CUDA tensors it takes, PyTorch on the CPU; the same rule for
+    every op (the device is faked: the choice only, each kernel replaced by a spy)."""
+    import mini_of3.model.transition as tr
+    calls = []
+
+    def spy(kernel_module, name):
+        monkeypatch.setattr(kernel_module, name, lambda *a, **kw: calls.append(kw["backend"]) or a[0])
+
+    layer, args = None, None
+    if op in ("tri_attn", "tri_attn_gated", "pair_bias"):
+        spy(tab, "gated_triangle_attention" if op == "tri_attn_gated" else "triangle_attention")
+        kernels = KernelChoice(tri_attn_fused_gate=op == "tri_attn_gated")
+        attend = tab.pair_bias_attention(kernels) if op == "pair_bias" else \
+            (tab.tri_attn_backend_gated(kernels) if op == "tri_attn_gated" else tab.tri_attn_backend(kernels))
+        x = torch.randn(1, 3, 3, 4, 2, 16) if op == "tri_attn_gated" else torch.randn(1, 3, 3, 2, 16)
+        args = (x, None, None) if op == "tri_attn_gated" else (x, x, x, None, None)
+        layer = attend
+    elif op == "tri_mul":
+        spy(tmb, "triangle_multiplication")
+        monkeypatch.setattr(tmb, "triangle_multiplication_torch", lambda *a, **kw: calls.append("torch"))
+        module = TriangleMultiplication(c_z=16, c_hidden=16, direction="outgoing")
+        layer, args = module, (torch.randn(1, 3, 3, 16), torch.ones(1, 3, 3, dtype=torch.bool))
+    else:
+        spy(tr, "transition")
+        layer, args = tr.Transition(c=16, n=2, kernels=KernelChoice()), (torch.randn(1, 3, 16),)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: device_is_cuda))
+    layer(*args)
+    if op == "pair_transition" and not device_is_cuda:
+        assert calls == []                        # its own PyTorch code, no kernel call at all
+    else:
+        assert calls == ["triton" if device_is_cuda else "torch"]
 
 
 # ---- anchors: layout and mask mapping, checked with stand-ins that follow each anchor's documented convention ----
@@ -170,8 +208,10 @@ def test_anchor_adapters_map_layouts_and_masks(monkeypatch, name, fake):
     monkeypatch.setattr(tab, "import_anchor", lambda *args: fake)
     torch.manual_seed(0)
     for node in ("starting", "ending"):
-        ref = TriangleAttention(c_z=8, n_heads=2, c_hidden=16, node=node, backend="torch")
-        anchor = TriangleAttention(c_z=8, n_heads=2, c_hidden=16, node=node, backend=name)
+        ref = TriangleAttention(c_z=8, n_heads=2, c_hidden=16, node=node,
+                                kernels=KernelChoice(tri_attn_backend="torch"))
+        anchor = TriangleAttention(c_z=8, n_heads=2, c_hidden=16, node=node,
+                                   kernels=KernelChoice(tri_attn_backend=name))
         anchor.load_state_dict(ref.state_dict())
         z = torch.randn(2, 6, 6, 8)
         token = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
@@ -190,21 +230,45 @@ def test_missing_anchor_raises_naming_the_package(name, package):
 
 
 def test_backend_argument_errors():
-    with pytest.raises(ValueError, match="tri_attn_backend"):
-        tri_attn_backend("flash")
-    with pytest.raises(ValueError, match="softmax"):
-        tri_attn_backend("trifast", "sigmoid")
-    with pytest.raises(ValueError, match="tri_mul_backend"):
-        tri_mul_backend("fused")
+    """One line naming the key, the value and what is expected, as the config's own message for a bad value."""
+    expected = "model.tri_mul_backend: got 'fused', expected one of auto, mini_of3, torch, cueq"
+    with pytest.raises(ValueError, match=expected):
+        KernelChoice(tri_mul_backend="fused")
+    with pytest.raises(ValueError, match="model.tri_attn_backend: got 'flash', expected one of auto, mini_of3"):
+        KernelChoice(tri_attn_backend="flash")
+    with pytest.raises(ValueError, match="model.pair_transition_backend: got 'cueq', expected one of auto"):
+        KernelChoice(pair_transition_backend="cueq")
+    with pytest.raises(ValueError, match="'trifast' implements softmax attention only"):
+        KernelChoice(tri_attn_backend="trifast", tri_attn_activation="sigmoid")
+    with pytest.raises(ValueError, match="model.tri_attn_split_ds: got 'yes', expected true or false"):
+        KernelChoice(tri_attn_split_ds="yes")
+    with pytest.raises(ValueError, match="model.tri_attn_backend: got 'flash'"):
+        build_model(tiny_config(tri_attn_backend="flash"))
     if importlib.util.find_spec("cuequivariance_torch") is None:
         with pytest.raises(ImportError, match="cuequivariance_torch"):
             build_model(tiny_config(tri_mul_backend="cueq"))
-    expected = "model.tri_mul_backend: got 'fused', expected one of auto, mini_of3, torch, cueq"
     with pytest.raises(ConfigError, match=expected):
         load_config(None, ["model.tri_mul_backend=fused"])
     assert load_config(None, ["model.tri_mul_backend=mini_of3"]).model.tri_mul_backend == "mini_of3"
-    assert build_model(tiny_config(tri_mul_backend="auto")).pairformer.blocks[0].tri_mul_out.update \
-        is tri_mul_backend("torch")
+
+
+def test_the_choice_takes_the_config_keys_by_name():
+    """KernelChoice's fields are the model config's keys, with the same defaults; the model builds it once and every
+    layer holds that one object."""
+    import dataclasses
+    fields = {f.name: f.default for f in dataclasses.fields(KernelChoice)}
+    assert {name: getattr(ModelConfig(), name) for name in fields} == fields
+    cfg = tiny_config(tri_attn_backend="torch", tri_mul_backend="mini_of3", tri_attn_split_ds=True)
+    assert KernelChoice.from_config(cfg) == KernelChoice(tri_attn_backend="torch", tri_mul_backend="mini_of3",
+                                                         tri_attn_split_ds=True, pair_transition_backend="auto")
+
+
+def test_the_names_import_without_torch():
+    """config.py takes the allowed values from mini_of3.model.kernel_choice: importing it loads no torch."""
+    import subprocess
+    import sys
+    code = "import sys, mini_of3.model.kernel_choice; assert 'torch' not in sys.modules, sorted(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 # ---- anchors through the real packages (GPU only; skipped where the package does not import) ----
@@ -231,8 +295,10 @@ def test_real_anchor_packages_match_the_torch_path(name):
     pair = token[:, :, None] & token[:, None, :]
     real = pair[..., None].expand(B, N, N, C)
     for node in ("starting", "ending"):
-        ref = TriangleAttention(c_z=C, n_heads=4, c_hidden=32, node=node, backend="torch").cuda()
-        anchor = TriangleAttention(c_z=C, n_heads=4, c_hidden=32, node=node, backend=name).cuda()
+        ref = TriangleAttention(c_z=C, n_heads=4, c_hidden=32, node=node,
+                                kernels=KernelChoice(tri_attn_backend="torch")).cuda()
+        anchor = TriangleAttention(c_z=C, n_heads=4, c_hidden=32, node=node,
+                                   kernels=KernelChoice(tri_attn_backend=name)).cuda()
         anchor.load_state_dict(ref.state_dict())
         z = torch.randn(B, N, N, C, device="cuda")
         outs, grads = [], []
@@ -266,7 +332,7 @@ def test_split_ds_follows_the_config(monkeypatch, split_ds):
     model = build_model(tiny_config(tri_attn_backend="torch", tri_attn_split_ds=split_ds))
     layers = [m for m in model.modules() if isinstance(m, TriangleAttention)]
     for layer in layers:
-        layer.attend_gated(None, None, None)
+        layer.attend_gated(torch.zeros(1, 2, 2, 4, 1, 16), None, None)
     assert len(layers) >= 2 and seen == [split_ds] * len(layers)
 
 
@@ -279,7 +345,7 @@ def test_transition_backend_choice(monkeypatch, backend, c, device_is_cuda, uses
     import mini_of3.model.transition as tr
     calls = []
     monkeypatch.setattr(tr, "transition", lambda x, **kwargs: calls.append(kwargs["backend"]) or x)
-    layer = tr.Transition(c=c, n=2, backend=backend)
+    layer = tr.Transition(c=c, n=2, kernels=KernelChoice(pair_transition_backend=backend))
     x = torch.randn(1, 3, c)
     if uses_kernel == "float64":       # a float64 model stays on PyTorch
         layer, x, uses_kernel = layer.double(), x.double(), False
@@ -288,7 +354,12 @@ def test_transition_backend_choice(monkeypatch, backend, c, device_is_cuda, uses
     assert calls == (["triton"] if uses_kernel else [])
 
 
-def test_transition_rejects_an_unknown_backend():
+def test_transitions_other_than_the_pair_transition_run_pytorch():
+    """Only the Pairformer's pair transition takes model.pair_transition_backend; the single track's, the diffusion
+    conditioning's and the heads' run their PyTorch code."""
+    model = build_model(tiny_config(pair_transition_backend="mini_of3"))
     from mini_of3.model.transition import Transition
-    with pytest.raises(ValueError, match="backend must be one of"):
-        Transition(c=16, backend="cueq")
+    backends = {name: m.backend for name, m in model.named_modules() if isinstance(m, Transition)}
+    pair = {name for name in backends if name.endswith("pair_transition")}
+    assert pair and all(backends[name] == "mini_of3" for name in pair)
+    assert len(backends) > len(pair) and all(b == "torch" for name, b in backends.items() if name not in pair)

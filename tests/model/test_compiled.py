@@ -7,6 +7,7 @@ import torch._dynamo
 
 from mini_of3.model import build_model
 from mini_of3.model.compiled import compile_blocks, run_block, run_sampler_step, uncompile_blocks
+from mini_of3.model.kernel_choice import KernelChoice
 from mini_of3.model.pairformer import PairformerBlock
 from mini_of3.model.sampler import sample_diffusion
 from tiny import perturb_zero_parameters, random_batch, relative_error, tiny_config
@@ -17,10 +18,10 @@ REL32 = 2 ** 7 * torch.finfo(torch.float32).eps     # two float32 evaluations su
 def block_and_inputs(backend: str, tri_mul_backend: str = "auto"):
     """A tiny block and its inputs; with tri_mul_backend = mini_of3 the pair transition runs on our kernel too."""
     torch.manual_seed(0)
+    kernels = KernelChoice(tri_attn_backend=backend, tri_mul_backend=tri_mul_backend,
+                           pair_transition_backend="mini_of3" if tri_mul_backend == "mini_of3" else "auto")
     block = PairformerBlock(c_s=32, c_z=16, n_heads_tri=2, c_hidden_tri=16, n_heads_single=2, c_hidden_mul=16,
-                            transition_factor=2, pair_dropout=0.0, tri_attn_backend=backend,
-                            tri_mul_backend=tri_mul_backend,
-                            pair_transition_backend="mini_of3" if tri_mul_backend == "mini_of3" else "auto")
+                            transition_factor=2, pair_dropout=0.0, kernels=kernels)
     perturb_zero_parameters(block)
     s, z = torch.randn(1, 11, 32), torch.randn(1, 11, 11, 16)
     mask = torch.ones(1, 11, dtype=torch.bool)

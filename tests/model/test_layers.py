@@ -7,11 +7,13 @@ import torch
 from mini_of3.model.attention import AttentionPairBias
 from mini_of3.model.embedder import InputEmbedder, RelativePositionEncoding
 from mini_of3.model.heads import DistogramHead
+from mini_of3.model.kernel_choice import KernelChoice
 from mini_of3.model.pairformer import PairformerBlock, shared_dropout
 from mini_of3.model.transition import AdaLN, ConditionedTransitionBlock, Transition
 from mini_of3.model.triangle import TriangleAttention, TriangleMultiplication
 
 B, N = 2, 7
+TORCH = KernelChoice(tri_attn_backend="torch", tri_mul_backend="torch", pair_transition_backend="torch")
 
 
 def randomise(module, seed=0):
@@ -42,7 +44,7 @@ def token_mask():
 
 @pytest.mark.parametrize("direction", ["outgoing", "incoming"])
 def test_triangle_multiplication_alg12_13(direction):
-    m = randomise(TriangleMultiplication(c_z=6, c_hidden=5, direction=direction, backend="torch"))
+    m = randomise(TriangleMultiplication(c_z=6, c_hidden=5, direction=direction, kernels=TORCH))
     z = torch.randn(B, N, N, 6, dtype=torch.float64)
     mask = token_mask()
     pair = (mask[:, :, None] & mask[:, None, :]).double()[..., None]
@@ -61,7 +63,8 @@ def test_triangle_multiplication_alg12_13(direction):
 @pytest.mark.parametrize("activation", ["softmax", "sigmoid"])
 def test_triangle_attention_alg14_15(node, activation):
     H, D = 2, 3
-    m = randomise(TriangleAttention(c_z=6, n_heads=H, c_hidden=D, node=node, backend="torch", activation=activation))
+    m = randomise(TriangleAttention(c_z=6, n_heads=H, c_hidden=D, node=node,
+                                       kernels=KernelChoice(tri_attn_backend="torch", tri_attn_activation=activation)))
     z = torch.randn(B, N, N, 6, dtype=torch.float64)
     mask = token_mask()
     pair = mask[:, :, None] & mask[:, None, :]
@@ -114,7 +117,7 @@ def test_adaln_alg26_and_conditioned_transition_alg25():
 @pytest.mark.parametrize("conditioned", [False, True])
 def test_attention_pair_bias_alg24(conditioned):
     H, c_a, c_z, c_s, I = 2, 8, 6, 5, 3
-    m = randomise(AttentionPairBias(c_a=c_a, c_z=c_z, n_heads=H, c_s=c_s if conditioned else None, backend="torch"))
+    m = randomise(AttentionPairBias(c_a=c_a, c_z=c_z, n_heads=H, c_s=c_s if conditioned else None, kernels=TORCH))
     a = torch.randn(B, I, N, c_a, dtype=torch.float64)
     z = torch.randn(B, N, N, c_z, dtype=torch.float64)
     s = torch.randn(B, I, N, c_s, dtype=torch.float64) if conditioned else None
@@ -219,7 +222,7 @@ def test_shared_dropout_rowwise_and_columnwise():
 
 def test_pairformer_block_follows_alg17_order():
     block = randomise(PairformerBlock(c_s=8, c_z=6, n_heads_tri=2, c_hidden_tri=3, n_heads_single=2,
-                                      c_hidden_mul=5, transition_factor=2, tri_attn_backend="torch")).eval()
+                                      c_hidden_mul=5, transition_factor=2, kernels=TORCH)).eval()
     s = torch.randn(B, N, 8, dtype=torch.float64)
     z = torch.randn(B, N, N, 6, dtype=torch.float64)
     mask = token_mask()

@@ -1,96 +1,39 @@
-"""The launch layer of the fused triangle attention: tiles, algorithm choices, the autotune cache and the launchers.
+"""The host side of the fused triangle attention: tiles, the autotune cache and the launchers.
 
     forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp, gate=None) -> o, lse
     backward(do, q, k, v, bias, key_bias, o, lse, sigmoid, scale, split_ds, fast_exp, gate=None, grads=None)
         -> dq, dk, dv, dbias
 
-Tiles (``LaunchConfig``) are autotuned on the GPU, per kernel and shape bucket, and fixed under the interpreter, with
-``MINI_OF3_AUTOTUNE=0`` or inside ``with launch_config(...)``. Algorithm choices (``Algorithm``: the hi+lo split of dS,
-the fast exponential) are set with ``with algorithm(...)`` and leave autotuning as it is. The kernels and their launch
-order: tri_attn_kernels.py.
+Tiles (``TriAttnTiles``) are autotuned on the GPU, per kernel and shape bucket, and fixed under the interpreter, with
+``MINI_OF3_AUTOTUNE=0`` or inside ``with tri_attn_tiles(...)``. The kernels and their launch order:
+triangle_attention_kernels.py.
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
 import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
 
-from mini_of3.kernels import tri_attn_kernels as K
-from mini_of3.kernels.launcher import interpreting, launch
-
-
-def eager_function(name: str, forward, setup_context, autograd_backward, backward) -> type:
-    """The eager path of a custom op pair: an autograd.Function that calls the ops' Python ``forward`` and
-    ``backward`` directly, without torch.library's dispatch (host time, see triangle_attention.py), wired with the
-    same ``setup_context`` and ``autograd_backward(ctx, *grads, backward_fn=...)`` as the op's autograd. Under
-    torch.compile the custom ops are used, opaque to the compiler."""
-
-    def eager_forward(ctx, *inputs):
-        output = forward(*inputs)
-        setup_context(ctx, inputs, output)
-        return output
-
-    def eager_backward(ctx, *grads):
-        return autograd_backward(ctx, *grads, backward_fn=backward)
-
-    return type(name, (torch.autograd.Function,), {"forward": staticmethod(eager_forward),
-                                                    "backward": staticmethod(eager_backward)})
-
-
-class TileOverride:
-    """Tiles of one fused op set for a while instead of its defaults: ``with override(field=value, ...)`` applies to
-    every call in the process meanwhile, backward included (a process-wide setting, not a context variable: the
-    backward runs on autograd's thread); ``override.apply(tiles)`` gives the tiles of a call. The tuning scripts
-    sweep tiles this way."""
-
-    def __init__(self, name: str, tiles_type: type) -> None:
-        self.name, self.tiles_type, self.fields = name, tiles_type, {}
-
-    @contextlib.contextmanager
-    def __call__(self, **fields):
-        unknown = set(fields) - {f.name for f in dataclasses.fields(self.tiles_type)}
-        if unknown:
-            raise ValueError(f"{self.name}: unknown fields {sorted(unknown)}")
-        saved = dict(self.fields)
-        self.fields.update(fields)
-        try:
-            yield
-        finally:
-            self.fields = saved
-
-    def apply(self, tiles):
-        return replace(tiles, **self.fields)
-
-    def cached(self, tiles_of):
-        """``tiles_of(*shape)`` (the tiles of a call, built from the defaults and ``apply``) memoised per shape,
-        interpreter on or off, and the override in force: a call then looks its tiles up instead of building two
-        dataclasses (~12 µs of host time per call on a 2-core CPU)."""
-        cache = {}
-
-        @functools.wraps(tiles_of)
-        def lookup(*shape):
-            key = (shape, interpreting(), tuple(sorted(self.fields.items())))
-            if key not in cache:
-                cache[key] = tiles_of(*shape)
-            return cache[key]
-        return lookup
+from mini_of3.kernels import triangle_attention_kernels as K
+from mini_of3.kernels.host import (TileOverride, allocate, cdiv, dot_precision, interpreting, launch, num_sms,
+                                   persistent_programs)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# tiles and algorithm choices
+# tiles
 
 
 @dataclass(frozen=True, kw_only=True)
-class LaunchConfig:
-    """Tiles and launch parameters of the four kernels, in launch order; a fixed config makes runs reproducible.
-    The defaults are the fastest fixed set measured on the H200 at D <= 32 (N = 768, D = 32: 9.87 ms of device time
-    per forward + backward)."""
+class TriAttnTiles:
+    """Tiles and launch parameters of the four kernels, in launch order; fixed tiles make runs reproducible. The
+    defaults are the fastest fixed set measured on the H200 at D <= 32 (N = 768, D = 32: 9.87 ms of device time
+    per forward + backward). ``fast_exp``: on CUDA, the exponentials and reciprocals of every kernel through the
+    approximate ex2.approx.ftz / rcp.approx.ftz instructions (no subnormal fix-up; off under the interpreter, which
+    cannot run them)."""
     fwd_block_j: int = 64
     fwd_block_k: int = 64
     fwd_warps: int = 4
@@ -111,71 +54,37 @@ class LaunchConfig:
     dkdv_stages: int = 1
     dkdv_prefetch: int = 2            # what the dK/dV kernel loads one query tile ahead: 0 nothing, 1 q and dO,
                                       # 2 also the bias tile
+    fast_exp: bool = True
 
 
-@dataclass(frozen=True, kw_only=True)
-class Algorithm:
-    """Choices that change what the kernels compute (not only how fast): taken at the forward call, kept for its
-    backward."""
-    split_ds: bool = True    # hi+lo split of dS before dS @ k and dS^T @ q (16-bit inputs): dq, dk errors 1.7e-3
-                             # instead of 2.4e-3 (N = 256, D = 32, bf16), at ~0.6 ms per backward kernel at N = 768
-    fast_exp: bool = True    # on CUDA, ex2.approx.ftz / rcp.approx.ftz through inline PTX (no subnormal fix-up)
+tri_attn_tiles = TileOverride("tri_attn_tiles", TriAttnTiles)
+"""``with tri_attn_tiles(fwd_block_j=16, ...)``: these tiles (any TriAttnTiles field) instead of the defaults, and
+no autotuning (``with tri_attn_tiles():``: the fixed defaults of the head dim)."""
 
 
-def default_config(head_dim: int) -> LaunchConfig:
-    """The fixed configuration for a head dim: used under the interpreter, with MINI_OF3_AUTOTUNE=0, and as the base
-    of ``launch_config``."""
+def default_tiles(head_dim: int) -> TriAttnTiles:
+    """The fixed tiles of a head dim: used under the interpreter, with MINI_OF3_AUTOTUNE=0, and as the base of
+    ``tri_attn_tiles``."""
     if interpreting():   # small tiles, so that the tests' small N span several of them
-        return LaunchConfig(fwd_block_j=32, fwd_block_k=32, fwd_stages=1, dq_block_j=32, dq_stages=1,
+        return TriAttnTiles(fwd_block_j=32, fwd_block_k=32, fwd_stages=1, dq_block_j=32, dq_stages=1,
                             dbias_block_j=32, dbias_block_k=32, dbias_stages=1, dkdv_block_j=32, dkdv_block_k=32,
                             dkdv_prefetch=0)
     if head_dim == 16:   # 128-row forward query tiles: 1.50 against 1.69 ms at N = 768 (at D = 32 they are slower)
-        return LaunchConfig(fwd_block_j=128, fwd_stages=3)
+        return TriAttnTiles(fwd_block_j=128, fwd_stages=3)
     if head_dim <= 32:
-        return LaunchConfig()
+        return TriAttnTiles()
     if head_dim == 64:
-        return LaunchConfig(fwd_block_k=32, dq_stages=2, dq_rows=1, dbias_stages=1, dkdv_block_j=32, dkdv_stages=2,
+        return TriAttnTiles(fwd_block_k=32, dq_stages=2, dq_rows=1, dbias_stages=1, dkdv_block_j=32, dkdv_stages=2,
                             dkdv_prefetch=0)
-    return LaunchConfig(fwd_block_j=32, fwd_block_k=32, dq_block_j=32, dq_stages=2, dq_rows=1, dbias_block_j=32,
+    return TriAttnTiles(fwd_block_j=32, fwd_block_k=32, dq_block_j=32, dq_stages=2, dq_rows=1, dbias_block_j=32,
                         dbias_block_k=32, dbias_stages=1, dkdv_block_j=32, dkdv_block_k=32, dkdv_stages=2,
                         dkdv_prefetch=0)
 
 
-_override: LaunchConfig | None = None
-_algorithm = Algorithm()
-
-
-@contextlib.contextmanager
-def launch_config(config: LaunchConfig | None = None, **changes):
-    """Run with fixed tiles: ``with launch_config(fwd_block_j=16): ...`` (no autotuning inside)."""
-    global _override
-    previous = _override
-    base = config if config is not None else (previous or default_config(32))
-    _override = replace(base, **changes)
-    try:
-        yield _override
-    finally:
-        _override = previous
-
-
-@contextlib.contextmanager
-def algorithm(choice: Algorithm | None = None, **changes):
-    """Run with other algorithm choices: ``with algorithm(split_ds=False): ...`` (autotuning as it was)."""
-    global _algorithm
-    previous = _algorithm
-    _algorithm = replace(choice if choice is not None else previous, **changes)
-    try:
-        yield _algorithm
-    finally:
-        _algorithm = previous
-
-
-def current_config(head_dim: int) -> LaunchConfig:
-    return _override or default_config(head_dim)
-
-
-def current_algorithm() -> Algorithm:
-    return _algorithm
+@tri_attn_tiles.cached
+def tiles(head_dim: int) -> TriAttnTiles:
+    """The tiles of a call: the head dim's defaults with any ``tri_attn_tiles`` override on top."""
+    return tri_attn_tiles.apply(default_tiles(head_dim))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -183,7 +92,7 @@ def current_algorithm() -> Algorithm:
 
 
 def _autotune_enabled() -> bool:
-    return _override is None and not interpreting() and os.environ.get("MINI_OF3_AUTOTUNE", "1") != "0"
+    return not tri_attn_tiles.active and not interpreting() and os.environ.get("MINI_OF3_AUTOTUNE", "1") != "0"
 
 
 def _configs(blocks, *names: str) -> list[triton.Config]:
@@ -206,7 +115,7 @@ def _fwd_configs(head_dim: int) -> list[triton.Config]:
 def _dq_configs(head_dim: int) -> list[triton.Config]:
     """The dQ kernel's candidates, with ROWS rows per program: two rows were 0.6 ms faster than one at N = 768,
     D = 32 on contiguous inputs; in the model's layouts one row of 64 x 64 tiles was fastest (2.12 ms against the
-    other candidates' best 2.18, H200, NOTES session 24)."""
+    other candidates' best 2.18, H200)."""
     if head_dim == 64:
         blocks = [(64, 32, 4, 2, 1), (64, 64, 4, 2, 1), (32, 64, 4, 2, 1), (32, 32, 4, 2, 1), (64, 32, 4, 2, 2)]
     elif head_dim == 128:
@@ -253,14 +162,14 @@ def _tuned_kernel(name: str, kernel, configs, extra_key: tuple[str, ...] = ()):
 _chosen: dict[tuple, triton.Config] = {}
 
 
-def _launch(name: str, kernel, configs: list[triton.Config], fixed: triton.Config, grid, args: tuple,
-            j_bucket: int, constexprs: dict, extra_key: tuple[str, ...] = ()) -> None:
-    """Launch ``kernel`` with ``fixed`` (under the interpreter, MINI_OF3_AUTOTUNE=0 or a ``launch_config``), else with
-    the autotuned config of this key (the autotuner's: J_BUCKET, D, the flags, the dtypes). The first call of a key
-    runs Triton's autotuner over ``configs`` (its choice cached on disk across processes); later calls launch the
-    chosen config directly: the autotuner's own per-call work (it rebuilds a dict of ~50 arguments to find its key)
-    costs ~25 µs per launch on a 2-core CPU, a tenth of a small call's host time. ``grid`` is a tuple or a function
-    of the config's block sizes."""
+def _launch_tuned(name: str, kernel, configs: list[triton.Config], fixed: triton.Config, grid, args: tuple,
+                  j_bucket: int, constexprs: dict, extra_key: tuple[str, ...] = ()) -> None:
+    """Launch ``kernel`` with ``fixed`` (under the interpreter, MINI_OF3_AUTOTUNE=0 or a ``tri_attn_tiles``
+    override), else with the autotuned config of this key (the autotuner's: J_BUCKET, D, the flags, the dtypes).
+    The first call of a key runs Triton's autotuner over ``configs`` (its choice cached on disk across processes);
+    later calls launch the chosen config directly: the autotuner's own per-call work (it rebuilds a dict of ~50
+    arguments to find its key) costs ~25 µs per launch on a 2-core CPU, a tenth of a small call's host time.
+    ``grid`` is a tuple or a function of the config's block sizes."""
     if not _autotune_enabled():
         config = fixed
     else:
@@ -290,54 +199,6 @@ def _bucket(n: int) -> int:
     return 1 << max(4, (n - 1).bit_length())
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
-
-
-def pow2(n: int) -> int:
-    """The next power of two >= n (n >= 1): triton.next_power_of_2 in plain Python; Triton's (3.9) is a constexpr
-    function whose wrapper costs the host microseconds per call, a dozen calls in every forward and backward."""
-    return 1 << (n - 1).bit_length()
-
-
-def cdiv(a: int, b: int) -> int:
-    """ceil(a / b) for launch grids: triton.cdiv in plain Python (see pow2)."""
-    return -(-a // b)
-
-
-def _new(shape, dtype, device) -> torch.Tensor:
-    """Output allocation; MINI_OF3_POISON=1 (debugging, the tests) fills it with NaN, so that a test sees any element
-    a kernel did not write."""
-    if os.environ.get("MINI_OF3_POISON", "0") == "1":
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
-def stacked(tensors, dtype: torch.dtype) -> torch.Tensor:
-    """The rows of ``tensors`` (same width) one after another in one new tensor of ``dtype``, cast by one cat: the
-    weights in the compute dtype that a forward keeps for its backward (an op's outputs may not alias its inputs,
-    so even a weight already in that dtype is copied)."""
-    rows = sum(t.shape[0] for t in tensors)
-    return torch.cat(tensors, out=_new((rows, *tensors[0].shape[1:]), dtype, tensors[0].device))
-
-
-def _dot_precision(dtype: torch.dtype) -> str:
-    """The kernels' DOT_PREC: float32 inputs multiply in IEEE float32; 16-bit inputs ignore it; the interpreter
-    ("upcast") multiplies 16-bit values in float32, since its bf16 dot is wrong in triton 3.9."""
-    if interpreting():
-        return "upcast"
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def _persistent_programs(items: int, device: torch.device) -> int:
-    """Programs of a persistent grid over ``items``, two per SM and balanced: each takes the same number of items
-    (at most one less)."""
-    per_program = math.ceil(items / (2 * _num_sms(device)))
-    return math.ceil(items / per_program)
-
-
 def _key_bias_args(key_bias: torch.Tensor | None, fallback: torch.Tensor) -> tuple:
     """(pointer, strides) for the kernels; any tensor stands in for an absent key term (never read)."""
     if key_bias is None:
@@ -349,20 +210,20 @@ def forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: boo
     """o [B, I, J, H, D] (given the gate g, with q's strides: sigmoid(g) * o), and for a backward (``residuals``,
     softmax) lse [B, H, I, J] (else an empty tensor)."""
     B, I, J, H, D = q.shape
-    config = current_config(D)
-    o = _new((B, I, J, H, D), q.dtype, q.device)
+    config = tiles(D)
+    o = allocate((B, I, J, H, D), q.dtype, q.device)
     store_lse = residuals and not sigmoid
-    lse = _new((B, H, I, J), torch.float32, q.device) if store_lse else o.new_empty(0, dtype=torch.float32)
+    lse = allocate((B, H, I, J), torch.float32, q.device) if store_lse else o.new_empty(0, dtype=torch.float32)
     kb_arg, kb_strides = _key_bias_args(key_bias, q)
     _check_gate(gate, q)
     args = (q, k, v, bias, kb_arg, o, lse if lse.numel() else o, q if gate is None else gate,
             *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *o.stride(), B, I, J, H, scale)
     flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, STORE_LSE=store_lse, FAST_EXP=fast_exp,
-                 DOT_PREC=_dot_precision(q.dtype), BLOCK_D=D, GATED=gate is not None)
+                 DOT_PREC=dot_precision(q.dtype), BLOCK_D=D, GATED=gate is not None)
     fixed = triton.Config({"BLOCK_J": config.fwd_block_j, "BLOCK_K": config.fwd_block_k},
                           num_warps=config.fwd_warps, num_stages=config.fwd_stages)
-    _launch("fwd", K._fwd, _fwd_configs(D), fixed, lambda meta: (B * I * H * cdiv(J, meta["BLOCK_J"]),),
-            args, _bucket(J), flags, ("GATED",))
+    _launch_tuned("fwd", K._fwd, _fwd_configs(D), fixed, lambda meta: (B * I * H * cdiv(J, meta["BLOCK_J"]),),
+                  args, _bucket(J), flags, ("GATED",))
     return o, lse
 
 
@@ -382,7 +243,7 @@ def backward(do, q, k, v, bias, key_bias, o, lse, sigmoid: bool, scale: float, s
     ``grads`` must then hold the four outputs (dq, dk, dv, dg), views of one buffer with dq's strides alike (the
     gradient of the packed projection; nothing is stacked afterwards). Without a gate ``grads`` may be None."""
     B, I, J, H, D = q.shape
-    config = current_config(D)
+    config = tiles(D)
     device = q.device
     kb_arg, kb_strides = _key_bias_args(key_bias, q)
     _check_gate(gate, q)
@@ -393,12 +254,12 @@ def backward(do, q, k, v, bias, key_bias, o, lse, sigmoid: bool, scale: float, s
     if sigmoid:   # no row statistics: any float32 tensor stands in (never read)
         delta = lse = q.new_empty(1, dtype=torch.float32)
     else:         # written by the dQ kernel, exactly, for the dbias and dK/dV kernels
-        delta = _new((B, H, I, J), torch.float32, device)
-    dq = _new((B, I, J, H, D), q.dtype, device) if grads is None else grads[0]
+        delta = allocate((B, H, I, J), torch.float32, device)
+    dq = allocate((B, I, J, H, D), q.dtype, device) if grads is None else grads[0]
     do_attn, delta0 = do, delta
     if gate is not None:      # the gate's backward: dg, the attention's own dO (o's strides) and delta0
-        do_attn = _new(o.shape, o.dtype, device)
-        delta0 = _new((B, H, I, J), torch.float32, device) if not sigmoid else delta
+        do_attn = allocate(o.shape, o.dtype, device)
+        delta0 = allocate((B, H, I, J), torch.float32, device) if not sigmoid else delta
         block_j = 32 if interpreting() else 64
         launch(K._gate_bwd, (B * I * H * cdiv(J, block_j),),
             do, o, gate, grads[3], do_attn, delta0, *do.stride(), *o.stride(), *gate.stride(), *grads[3].stride(),
@@ -408,11 +269,11 @@ def backward(do, q, k, v, bias, key_bias, o, lse, sigmoid: bool, scale: float, s
                *dq.stride(), B, I, J, H, scale)
     dq_fixed = triton.Config({"BLOCK_J": config.dq_block_j, "BLOCK_K": config.dq_block_k, "ROWS": config.dq_rows},
                              num_warps=config.dq_warps, num_stages=config.dq_stages)
-    flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, DOT_PREC=_dot_precision(q.dtype), BLOCK_D=D,
+    flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, DOT_PREC=dot_precision(q.dtype), BLOCK_D=D,
                  FAST_EXP=fast_exp)
-    _launch("dq", K._bwd_dq, _dq_configs(D), dq_fixed,
-            lambda meta: (B * cdiv(I, meta["ROWS"]) * H * cdiv(J, meta["BLOCK_J"]),), dq_args,
-            _bucket(J), dict(flags, SPLIT_DS=split_ds, GATED=gate is not None), ("SPLIT_DS", "GATED"))
+    _launch_tuned("dq", K._bwd_dq, _dq_configs(D), dq_fixed,
+                  lambda meta: (B * cdiv(I, meta["ROWS"]) * H * cdiv(J, meta["BLOCK_J"]),), dq_args,
+                  _bucket(J), dict(flags, SPLIT_DS=split_ds, GATED=gate is not None), ("SPLIT_DS", "GATED"))
 
     # the dbias and dK/dV kernels see the attention's own dO
     common = (q, k, v, bias, kb_arg, do_attn, lse, delta)
@@ -420,19 +281,20 @@ def backward(do, q, k, v, bias, key_bias, o, lse, sigmoid: bool, scale: float, s
     dbias = _dbias(common, strides, flags, q, bias, scale, config)
 
     # dk, dv after dbias, so that the dbias chunk partials are freed before they are allocated
-    dk = _new((B, I, J, H, D), q.dtype, device) if grads is None else grads[1]
-    dv = _new((B, I, J, H, D), q.dtype, device) if grads is None else grads[2]
+    dk = allocate((B, I, J, H, D), q.dtype, device) if grads is None else grads[1]
+    dv = allocate((B, I, J, H, D), q.dtype, device) if grads is None else grads[2]
     dkdv_fixed = triton.Config({"BLOCK_J": config.dkdv_block_j, "BLOCK_K": config.dkdv_block_k,
                                 "PREFETCH": config.dkdv_prefetch},
                                num_warps=config.dkdv_warps, num_stages=config.dkdv_stages)
-    _launch("dkdv", K._bwd_dkdv, _dkdv_configs(D), dkdv_fixed, (_persistent_programs(B * I * H, device),),
-            (*common, dk, dv, *strides, *dk.stride(), B, I, J, H, scale), _bucket(J), dict(flags, SPLIT_DS=split_ds),
-            ("SPLIT_DS",))
+    programs = persistent_programs(B * I * H, 2, device, balanced=True)     # each takes whole rows (b, i, h)
+    _launch_tuned("dkdv", K._bwd_dkdv, _dkdv_configs(D), dkdv_fixed, (programs,),
+                  (*common, dk, dv, *strides, *dk.stride(), B, I, J, H, scale), _bucket(J),
+                  dict(flags, SPLIT_DS=split_ds), ("SPLIT_DS",))
     return dq, dk, dv, dbias
 
 
 def _dbias(common: tuple, strides: tuple, flags: dict, q: torch.Tensor, bias: torch.Tensor, scale: float,
-           config: LaunchConfig) -> torch.Tensor:
+           config: TriAttnTiles) -> torch.Tensor:
     """dbias = sum over rows i of dS. Rows are split into chunks so that the grid holds at least ~16 programs per SM
     (whole waves: at N = 768 the 576 tiles alone fill 2.2 waves, a quarter of the last one idle); the chunk partials
     (B*H*J*K float32 each) are summed afterwards in order, and freed before the caller allocates dk and dv. They are
@@ -444,18 +306,18 @@ def _dbias(common: tuple, strides: tuple, flags: dict, q: torch.Tensor, bias: to
         block_j = block_k = 64 if D <= 64 else 32
     else:
         block_j, block_k = config.dbias_block_j, config.dbias_block_k
-    tiles = B * H * cdiv(J, block_j) * cdiv(J, block_k)
+    n_tiles = B * H * cdiv(J, block_j) * cdiv(J, block_k)
     max_chunks = max(1, 2 * q.numel() * q.element_size() // (B * H * J * J * 4))
     chunks = config.dbias_chunks if (config.dbias_chunks and not _autotune_enabled()) else \
-        max(1, min(I, max_chunks, math.ceil(16 * _num_sms(device) / tiles)))
+        max(1, min(I, max_chunks, math.ceil(16 * num_sms(device) / n_tiles)))
     rows_per_chunk = math.ceil(I / chunks)
     chunks = math.ceil(I / rows_per_chunk)
-    dbias = _new((B, H, J, J), bias.dtype, device)
+    dbias = allocate((B, H, J, J), bias.dtype, device)
     part = dbias[None] if chunks == 1 else torch.empty((chunks, B, H, J, J), dtype=torch.float32, device=device)
-    _launch("dbias", K._bwd_dbias, _dbias_configs(),
-            triton.Config({}, num_warps=config.dbias_warps, num_stages=config.dbias_stages), (tiles * chunks,),
-            (*common, part, *strides, *part.stride(), B, I, J, H, scale, rows_per_chunk), _bucket(J),
-            dict(flags, BLOCK_J=block_j, BLOCK_K=block_k))
+    _launch_tuned("dbias", K._bwd_dbias, _dbias_configs(),
+                  triton.Config({}, num_warps=config.dbias_warps, num_stages=config.dbias_stages), (n_tiles * chunks,),
+                  (*common, part, *strides, *part.stride(), B, I, J, H, scale, rows_per_chunk), _bucket(J),
+                  dict(flags, BLOCK_J=block_j, BLOCK_K=block_k))
     if chunks > 1:
         n = dbias.numel()
         launch(K._sum_chunks, (cdiv(n, 1024),), part, dbias, chunks, n, BLOCK=1024, num_warps=4)

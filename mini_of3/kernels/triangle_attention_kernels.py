@@ -6,7 +6,7 @@ lse (base 2) and delta are [B, H, I, J] float32. The key term comes from KEY_BIA
 (softmax; 0 or -inf, read in the kernels, no copy) or a float32 key bias built on the host (sigmoid: -inf at masked
 keys plus beta_i / scale). J_BUCKET (the next power of two of J) is unused by the kernels: it is the autotuning key.
 
-The default path, in launch order (launch.py):
+The default path, in launch order (triangle_attention_host.py):
     _fwd         grid: one program per (query tile, head, row i, batch), query tile fastest.
                  reads q, k, v, bias, key term (GATED: g); writes o (GATED: sigmoid(g) * o) and, when a backward
                  follows (softmax), lse.
@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from mini_of3.kernels.primitives import dot, exp2, sigmoid2
 
 
 @triton.jit
@@ -59,45 +61,14 @@ def _base2(scale):
 
 
 @triton.jit
-def _exp2(x, FAST: tl.constexpr):
-    """2^x. FAST (GPU only) issues the special-function unit's ex2 directly, without the subnormal fix-up."""
-    if FAST:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-    else:
-        return tl.exp2(x)
-
-
-@triton.jit
-def _sigmoid2(x2, FAST: tl.constexpr):
-    """sigmoid(x) from x2 = x * log2(e): 1 / (1 + 2^-x2); 0 at x2 = -inf (masked keys)."""
-    denominator = 1.0 + _exp2(-x2, FAST)
-    if FAST:
-        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [denominator], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-    else:
-        return 1.0 / denominator
-
-
-@triton.jit
-def _dot(a, b, DOT_PREC: tl.constexpr, acc=None):
-    """a @ b (+ acc) accumulated in float32. DOT_PREC "upcast" (the interpreter, whose bf16 dot is wrong in triton
-    3.9) multiplies the same values in float32, which is exact for 16-bit operands."""
-    if DOT_PREC == "upcast":
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc=acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc=acc, input_precision=DOT_PREC)
-
-
-@triton.jit
 def _dot_split(p, x, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr):
     """p @ x with p (float32) rounded to x's dtype for the tensor cores; SPLIT adds the product of the rounding
     residual (p = hi + lo), which removes that rounding's error at the cost of one more MMA."""
     p_hi = p.to(x.dtype)
-    out = _dot(p_hi, x, DOT_PREC)
+    out = dot(p_hi, x, DOT_PREC)
     if SPLIT:
         p_lo = (p - p_hi.to(tl.float32)).to(x.dtype)
-        out += _dot(p_lo, x, DOT_PREC)
+        out += dot(p_lo, x, DOT_PREC)
     return out
 
 
@@ -133,7 +104,7 @@ def _key_tile_scores(q, k_base, v_base, bias_t, key_mask, offs_k, offs_d, sk_j, 
     forward, the dQ and the dbias kernels share it, so all see the same t."""
     k = _load_tile(k_base, offs_k, offs_d, sk_j, sk_d, J)                                      # [BK, D]
     v = _load_tile(v_base, offs_k, offs_d, sv_j, sv_d, J)                                      # [BK, D]
-    t = _dot(q, tl.trans(k), DOT_PREC, acc=bias_t + key_mask[None, :])
+    t = dot(q, tl.trans(k), DOT_PREC, acc=bias_t + key_mask[None, :])
     return k, v, t
 
 
@@ -154,10 +125,10 @@ def _probs_and_dscores(t, scale2, dp, lse, delta, SIGMOID: tl.constexpr, FAST_EX
     """p and dS = dL/d(score) of one tile from the raw scores t (base-2 score t * scale2; -inf at masked keys) and
     dP = dO . v; lse (base 2) and delta come broadcast to the tile's shape (row statistics of the queries)."""
     if SIGMOID:
-        p = _sigmoid2(t * scale2, FAST_EXP)
+        p = sigmoid2(t * scale2, FAST_EXP)
         ds = dp * p * (1.0 - p)
     else:
-        p = _exp2(t * scale2 - lse, FAST_EXP)
+        p = exp2(t * scale2 - lse, FAST_EXP)
         ds = p * (dp - delta)
     return p, ds
 
@@ -202,14 +173,14 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, O, LSE, G,
         k, v, t = _key_tile_scores(q, k_row, v_row, bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J,
                                    DOT_PREC)                                                    # t: [BJ, BK]
         if SIGMOID:
-            acc += _dot(_sigmoid2(t * scale2, FAST_EXP).to(v.dtype), v, DOT_PREC)
+            acc += dot(sigmoid2(t * scale2, FAST_EXP).to(v.dtype), v, DOT_PREC)
         else:
             m_new = tl.maximum(m_run, tl.max(t, 1) * scale2)     # scale2 > 0: max(t) * scale2 = max(t * scale2)
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = _exp2(t * scale2 - m_safe[:, None], FAST_EXP)
-            alpha = _exp2(m_run - m_safe, FAST_EXP)
+            p = exp2(t * scale2 - m_safe[:, None], FAST_EXP)
+            alpha = exp2(m_run - m_safe, FAST_EXP)
             l_run = l_run * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_PREC)
+            acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_PREC)
             m_run = m_new
     if not SIGMOID:
         has_key = l_run > 0.0
@@ -280,13 +251,13 @@ def _dq_row_step(q, do, k_base, v_base, bias_t, key_mask, lse, delta, dq, p_dp, 
     """One key tile of one row of _bwd_dq: dq += dS k, and for softmax the sums of p * dP, p and p k."""
     k, v, t = _key_tile_scores(q, k_base, v_base, bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J,
                                DOT_PREC)                                                   # t: [BJ, BK]
-    dp = _dot(do, tl.trans(v), DOT_PREC)                                                   # [BJ, BK]
+    dp = dot(do, tl.trans(v), DOT_PREC)                                                   # [BJ, BK]
     p, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
     dq += _dot_split(ds, k, SPLIT_DS, DOT_PREC)                                            # [BJ, D]
     if not SIGMOID:
         p_dp += tl.sum(p * dp, 1)
         p_sum += tl.sum(p, 1)
-        pk = _dot(p.to(k.dtype), k, DOT_PREC, acc=pk)                                      # [BJ, D]
+        pk = dot(p.to(k.dtype), k, DOT_PREC, acc=pk)                                      # [BJ, D]
     return dq, p_dp, p_sum, pk
 
 
@@ -429,7 +400,7 @@ def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DBIAS,
         do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J)
         k, v, t = _key_tile_scores(q, K + b64 * sk_b + i64 * sk_i + h * sk_h, V + b64 * sv_b + i64 * sv_i + h * sv_h,
                                    bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J, DOT_PREC)
-        dp = _dot(do, tl.trans(v), DOT_PREC)
+        dp = dot(do, tl.trans(v), DOT_PREC)
         _, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
         acc += ds
     out_ptrs = DBIAS + c.to(tl.int64) * so_c + b64 * so_b + h * so_h + offs_j[:, None] * so_j + offs_k[None, :] * so_k
@@ -454,8 +425,8 @@ def _kv_tile_step(k, v, dk, dv, q, do, bias_t, key_mask, lse, delta, scale2, SIG
     FlashAttention-2's backward): p^T and dS^T are the A operands of dV += p^T dO and dK += dS^T q straight from
     registers. q, do [BJ, D] are the query tile's; bias_t [BK, BJ] is the bias tile in raw-score units, key_mask [BK]
     and lse, delta [BJ] this row's."""
-    tt = _dot(k, tl.trans(q), DOT_PREC, acc=bias_t + key_mask[:, None])                    # [BK, BJ]
-    dpt = _dot(v, tl.trans(do), DOT_PREC)                                                  # [BK, BJ]
+    tt = dot(k, tl.trans(q), DOT_PREC, acc=bias_t + key_mask[:, None])                    # [BK, BJ]
+    dpt = dot(v, tl.trans(do), DOT_PREC)                                                  # [BK, BJ]
     pt, dst = _probs_and_dscores(tt, scale2, dpt, lse[None, :], delta[None, :], SIGMOID, FAST_EXP)
     dv += _dot_split(pt, do, False, DOT_PREC)    # [BK, D]; p's rounding shows only in dv, as its own output's
     dk += _dot_split(dst, q, SPLIT_DS, DOT_PREC)                                           # [BK, D]

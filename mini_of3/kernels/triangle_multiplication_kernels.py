@@ -8,21 +8,25 @@ contiguous. The compute dtype (bf16 under autocast, else the input's) is the ele
 passes (cast once on the host); every statistic and every epilogue is float32. FAST_GATES (GPU only) computes the
 sigmoid gates with approximate special-function instructions.
 
-The default path, in launch order (triangle_multiplication.py):
-    _tri_mul_proj_fwd   reads z, the mask, norm_in, p_in, g_in, g_out; LayerNorm over C, the projections as tl.dot, the
+The default path, in launch order (triangle_multiplication_host.py):
+    _tri_mul_proj_fwd   grid: (pair tiles of BLOCK_M, B).
+                reads z, the mask, norm_in, p_in, g_in, g_out; LayerNorm over C, the projections as tl.dot, the
                 gate and the mask: writes a, b channels-first ([2, B * h, N, N]), g_out's pre-activation
                 [B, N, N, C] and the LayerNorm statistics (mean, rstd [B, NN]).
     (cuBLAS)    t = a @ b^T (outgoing) or a^T @ b (incoming) on [B * h, N, N] views: [B * h, N, N].
-    _tri_mul_out_fwd    reads t ([h, BLOCK_P] tiles, coalesced along pairs), norm_out, p_out, the g_out pre-activation;
+    _tri_mul_out_fwd    grid: persistent, out_fwd_per_sm programs per SM over the B * cdiv(NN, BLOCK_P) pair tiles.
+                reads t ([h, BLOCK_P] tiles, coalesced along pairs), norm_out, p_out, the g_out pre-activation;
                 LayerNorm over h, p_out, the gate: writes the output [B, N, N, C] and the statistics of t.
 backward:
-    _tri_mul_out_bwd    reads t, its statistics, norm_out, p_out, the g_out pre-activation, dout; writes dt
+    _tri_mul_out_bwd    grid: persistent, out_bwd_per_sm programs per SM over the pair tiles.
+                reads t, its statistics, norm_out, p_out, the g_out pre-activation, dout; writes dt
                 channels-first, dy = dout * sigmoid(g) [B, N, N, C], d(g_out pre-activation) channels-first into
-                the last C rows of the projections' gradient buffer [B, 4 h + C, N, N], the affine LayerNorm output of t
-                channels-first (the operand of the p_out weight GEMM), and per-program partial sums of the
+                the last C rows of the projections' gradient buffer [B, 4 h + C, N, N], the affine LayerNorm output
+                of t channels-first (the operand of the p_out weight GEMM), and per-program partial sums of the
                 norm_out weight and bias gradients.
     (cuBLAS)    da, db from dt, a, b (transposed operands, no copies); the p_out weight gradient dy^T @ ta^T.
-    _tri_mul_proj_bwd   reads z, its statistics, the mask, the weights, da, db, d(g_out pre-activation); recomputes the
+    _tri_mul_proj_bwd   grid: (pair tiles of BLOCK_M, B).
+                reads z, its statistics, the mask, the weights, da, db, d(g_out pre-activation); recomputes the
                 LayerNorm and the projections; writes dz, d(projections) channels-first into the first 4 h rows
                 of that buffer, the normalised z in the compute dtype [B, N, N, C] (the weight GEMMs' operand) and
                 per-program partial sums of the norm_in weight and bias gradients.
@@ -35,7 +39,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mini_of3.kernels.tri_attn_kernels import _dot, _sigmoid2
+from mini_of3.kernels.primitives import dot, sigmoid2
 
 
 @triton.jit
@@ -76,7 +80,7 @@ def _gate(x, FAST: tl.constexpr):
     """sigmoid(x), float32; FAST (GPU only) with the special-function unit's approximate ex2 and reciprocal, without
     the full-range division's fix-ups (about a fifth of an output kernel's instructions, offline SASS)."""
     if FAST:
-        return _sigmoid2(x * 1.4426950408889634, True)
+        return sigmoid2(x * 1.4426950408889634, True)
     else:
         return tl.sigmoid(x)
 
@@ -109,12 +113,12 @@ def _tri_mul_proj_fwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, AB, GPRE, MEAN, RSTD,
         for c0 in range(0, H, BLOCK_HC):
             ch = c0 + tl.arange(0, BLOCK_HC)
             in_ch = ch < H
-            p = _dot(x, _weight_t(W_P, part * H + ch, in_ch, offs_c, in_c, C), DOT_PREC)   # [BM, BHC]
-            g = _dot(x, _weight_t(W_G, part * H + ch, in_ch, offs_c, in_c, C), DOT_PREC)
+            p = dot(x, _weight_t(W_P, part * H + ch, in_ch, offs_c, in_c, C), DOT_PREC)   # [BM, BHC]
+            g = dot(x, _weight_t(W_G, part * H + ch, in_ch, offs_c, in_c, C), DOT_PREC)
             ab = p * _gate(g, FAST_GATES) * m[:, None]
             ptrs = AB + part * AB_PART + (b * H + ch)[None, :] * NN + rows[:, None]
             tl.store(ptrs, ab.to(cdt), mask=in_rows[:, None] & in_ch[None, :])
-    gpre = _dot(x, _weight_t(W_GO, offs_c, in_c, offs_c, in_c, C), DOT_PREC)      # [BM, BC]
+    gpre = dot(x, _weight_t(W_GO, offs_c, in_c, offs_c, in_c, C), DOT_PREC)      # [BM, BC]
     tl.store(GPRE + (b * NN + rows)[:, None] * C + offs_c[None, :], gpre.to(cdt),
              mask=in_rows[:, None] & in_c[None, :])
     tl.store(MEAN + b * NN + rows, mean, mask=in_rows)
@@ -160,7 +164,7 @@ def _tri_mul_out_fwd(T, LN_W, LN_B, W_PO, GPRE, OUT, MEAN, RSTD, NN, n_tiles, ep
         tc = tl.where(in_h[None, :], t - mean[:, None], 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(tc * tc, axis=1) / H + eps)
         ta = tc * rstd[:, None] * w[None, :] + beta[None, :]
-        y = _dot(ta.to(cdt), w_po_t, DOT_PREC)                                    # [BP, BC]
+        y = dot(ta.to(cdt), w_po_t, DOT_PREC)                                    # [BP, BC]
         io = (b * NN + rows)[:, None] * C + offs_c[None, :]
         io_mask = in_rows[:, None] & in_c[None, :]
         g = tl.load(GPRE + io, mask=io_mask, other=0.0).to(tl.float32)
@@ -201,7 +205,7 @@ def _tri_mul_out_bwd(T, LN_W, LN_B, W_PO, GPRE, DOUT, MEAN, RSTD, DT, TA, DY, DP
         rstd = tl.load(RSTD + b * NN + rows, mask=in_rows, other=0.0)
         tn = tl.where(in_h[None, :], (t - mean[:, None]) * rstd[:, None], 0.0)
         ta = (tn * w[None, :] + beta[None, :]).to(cdt)                             # [BP, BH]
-        y = _dot(ta, w_po_t, DOT_PREC)                                             # [BP, BC]
+        y = dot(ta, w_po_t, DOT_PREC)                                             # [BP, BC]
         io = (b * NN + rows)[:, None] * C + offs_c[None, :]
         io_mask = in_rows[:, None] & in_c[None, :]
         g = _gate(tl.load(GPRE + io, mask=io_mask, other=0.0).to(tl.float32), FAST_GATES)
@@ -212,7 +216,7 @@ def _tri_mul_out_bwd(T, LN_W, LN_B, W_PO, GPRE, DOUT, MEAN, RSTD, DT, TA, DY, DP
         tl.store(dgpre_ptrs, (dout * y * g * (1.0 - g)).to(cdt), mask=io_mask)
         tl.store(DY + io, dy, mask=io_mask)
         tl.store(TA + (b * H + offs_h)[None, :] * NN + rows[:, None], ta, mask=in_rows[:, None] & in_h[None, :])
-        dta = _dot(dy, tl.trans(w_po_t), DOT_PREC)                                 # [BP, BH]
+        dta = dot(dy, tl.trans(w_po_t), DOT_PREC)                                 # [BP, BH]
         d_ln_w += tl.sum(dta * tn, axis=0)                                         # norm_out weight
         d_ln_b += tl.sum(dta, axis=0)                                              # norm_out bias
         dtn = dta * w[None, :]
@@ -256,15 +260,15 @@ def _tri_mul_proj_bwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, DAB, MEAN, RSTD, DZ, 
     dpg_b = DPG + b * (4 * H + C) * NN
     dgpre = tl.load(dpg_b + (4 * H + offs_c)[None, :] * NN + rows[:, None], mask=io_mask, other=0.0)   # [BM, BC]
     w_go = tl.load(W_GO + offs_c[:, None] * C + offs_c[None, :], mask=in_c[:, None] & in_c[None, :], other=0.0)
-    dx = _dot(dgpre, w_go, DOT_PREC)                                               # [BM, BC]
+    dx = dot(dgpre, w_go, DOT_PREC)                                               # [BM, BC]
     for part in tl.static_range(2):
         for c0 in range(0, H, BLOCK_HC):
             ch = c0 + tl.arange(0, BLOCK_HC)
             in_ch = ch < H
             w_p_t = _weight_t(W_P, part * H + ch, in_ch, offs_c, in_c, C)         # [BC, BHC]
             w_g_t = _weight_t(W_G, part * H + ch, in_ch, offs_c, in_c, C)
-            p = _dot(x, w_p_t, DOT_PREC)                                           # [BM, BHC]
-            s = _gate(_dot(x, w_g_t, DOT_PREC), FAST_GATES)
+            p = dot(x, w_p_t, DOT_PREC)                                           # [BM, BHC]
+            s = _gate(dot(x, w_g_t, DOT_PREC), FAST_GATES)
             cf_mask = in_rows[:, None] & in_ch[None, :]
             dab = tl.load(DAB + part * AB_PART + (b * H + ch)[None, :] * NN + rows[:, None], mask=cf_mask,
                           other=0.0).to(tl.float32) * m[:, None]
@@ -272,8 +276,8 @@ def _tri_mul_proj_bwd(Z, MASK, LN_W, LN_B, W_P, W_G, W_GO, DAB, MEAN, RSTD, DZ, 
             dg = (dab * p * s * (1.0 - s)).to(cdt)
             tl.store(dpg_b + (part * H + ch)[None, :] * NN + rows[:, None], dp, mask=cf_mask)
             tl.store(dpg_b + (2 * H + part * H + ch)[None, :] * NN + rows[:, None], dg, mask=cf_mask)
-            dx = _dot(dp, tl.trans(w_p_t), DOT_PREC, acc=dx)
-            dx = _dot(dg, tl.trans(w_g_t), DOT_PREC, acc=dx)
+            dx = dot(dp, tl.trans(w_p_t), DOT_PREC, acc=dx)
+            dx = dot(dg, tl.trans(w_g_t), DOT_PREC, acc=dx)
     part_ptr = PART + (b * tl.num_programs(0) + pid) * 2 * BLOCK_C + offs_c
     tl.store(part_ptr, tl.sum(dx * xhat, axis=0))                                  # norm_in weight
     tl.store(part_ptr + BLOCK_C, tl.sum(dx, axis=0))                               # norm_in bias
