@@ -23,6 +23,8 @@ import yaml
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass
 
+from .model.kernel_choice import TRANSITION_BACKENDS, TRI_ATTN_ACTIVATIONS, TRI_ATTN_BACKENDS, TRI_MUL_BACKENDS
+
 
 class ConfigError(ValueError):
     """A bad key or value in a config file or a ``key=value`` override; the message is one clear line."""
@@ -136,14 +138,14 @@ class ModelConfig:
     transition_factor: PositiveInt = 4
     pair_dropout: OpenFraction = 0.25
     n_recycles: Count = 3                    # training samples 0..n_recycles per step; inference uses n_recycles
-    tri_attn_backend: Literal["auto", "mini_of3", "torch", "trifast", "cueq", "of3_triton"] = "auto"
-    tri_mul_backend: Literal["auto", "mini_of3", "torch", "cueq"] = "auto"   # auto = torch
-    tri_attn_activation: Literal["softmax", "sigmoid"] = "softmax"
+    tri_attn_backend: Literal[TRI_ATTN_BACKENDS] = "auto"     # auto: our kernel where it takes the call, else torch
+    tri_mul_backend: Literal[TRI_MUL_BACKENDS] = "auto"       # (mini_of3.model.kernel_choice), for every op
+    tri_attn_activation: Literal[TRI_ATTN_ACTIVATIONS] = "softmax"
     tri_attn_fused_gate: bool = True          # our backends apply the gate inside the kernels (false: in PyTorch)
     tri_attn_split_ds: bool = False           # true: our kernel's backward splits dS into bf16 hi + lo (dq, dk
                                               # errors 1.7e-3, not 2.4e-3 as cuEquivariance's); 36 ms more per
                                               # step at crop 768 on the H100
-    pair_transition_backend: Literal["auto", "mini_of3", "torch"] = "auto"   # auto = our kernel on CUDA
+    pair_transition_backend: Literal[TRANSITION_BACKENDS] = "auto"
     checkpointing: bool = True               # activation checkpointing per Pairformer block
     checkpoint_blocks: Count | None = None   # with checkpointing: the first k Pairformer blocks recompute their
                                              # activations in the backward, the others keep them (null: all)

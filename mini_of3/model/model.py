@@ -145,21 +145,5 @@ class MiniOF3(nn.Module):
 
 
 def build_model(cfg: ModelConfig) -> MiniOF3:
-    """Check the model section of the config and build MiniOF3 (anchor backends are imported here)."""
-    checks = [
-        (cfg.c_s % cfg.n_heads_single == 0, f"model.c_s={cfg.c_s} must be a multiple of "
-                                             f"model.n_heads_single={cfg.n_heads_single}"),
-        (cfg.c_token % cfg.diffusion_heads == 0, f"model.c_token={cfg.c_token} must be a multiple of "
-                                                  f"model.diffusion_heads={cfg.diffusion_heads}"),
-        (cfg.diffusion_samples >= 1, f"model.diffusion_samples must be >= 1, got {cfg.diffusion_samples}"),
-        (cfg.checkpoint_blocks is None or 0 <= cfg.checkpoint_blocks <= cfg.n_blocks,
-         f"model.checkpoint_blocks must be null or 0..model.n_blocks={cfg.n_blocks}, got {cfg.checkpoint_blocks}"),
-        (cfg.plddt_rollout_steps >= 1, f"model.plddt_rollout_steps must be >= 1, got {cfg.plddt_rollout_steps}"),
-        (cfg.distogram_bins >= 2 and cfg.distogram_max > cfg.distogram_min,
-         f"model.distogram_bins >= 2 and distogram_max > distogram_min needed, got {cfg.distogram_bins} bins on "
-         f"{cfg.distogram_min}..{cfg.distogram_max}"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(message)
+    """MiniOF3 of a model config section (checked when the section was made; anchor backends are imported here)."""
     return MiniOF3(cfg)
