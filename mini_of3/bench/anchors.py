@@ -4,7 +4,7 @@ Each implementation takes the canonical inputs (q, k, v [B, I, J, H, D], bias [B
 True = attend), converts them ONCE, outside the timed region, into the contiguous layout and dtypes it wants
 (so no permute is timed), and maps its outputs and gradients back to the canonical layout for the error check.
 Anchors are imported lazily; one that does not import is reported and skipped. No anchor code is copied here:
-the calls follow ../shared/tools/anchors_tri_attn.py.
+each is called through its package's public function.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _same(t: torch.Tensor, kind: str) -> torch.Tensor:
 
 def _mini_of3(name: str, bias_fp32: bool = True, fixed: bool = False, split_ds: bool = True) -> Impl:
     """Ours, autotuned (or the fixed default configuration), with a float32 or bf16 bias, with or without the hi+lo
-    split of dS (the speed/accuracy trade-off, NOTES.md)."""
+    split of dS (the speed/accuracy trade-off, docs/kernels.md)."""
     def native(q, k, v, bias, mask):
         return q, k, v, bias if bias_fp32 else bias.to(q.dtype), mask
 
@@ -127,7 +127,7 @@ def load_impls(names: list[str]) -> tuple[list[Impl], dict[str, str]]:
 
 def load_impls_reported(names: str) -> list[Impl]:
     """load_impls for a comma-separated list of names, printing each skipped one with its reason (the development
-    scripts under benchmarks/)."""
+    scripts under tools/lab/)."""
     impls, skipped = load_impls(names.split(","))
     for name, why in skipped.items():
         print(f"skipped {name}: {why}", flush=True)

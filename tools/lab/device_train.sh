@@ -2,10 +2,10 @@
 # A short training run on the GPU machine with our kernel in bf16 (issue 5): accelerate launch train.py with a crop
 # config, on entries prepared here (python -m mini_of3.data.prepare ../shared/data/mmcif .device/data/cache) and
 # carried in the git-ignored .device/ folder with the gemmi and biopython wheels (.device/whl). Results go to $OUT.
-#   bash benchmarks/device_train.sh CONFIG STEPS [key=value ...]
+#   bash tools/lab/device_train.sh CONFIG STEPS [key=value ...]
 set -u
 config=${1:-configs/crop384.yaml}; steps=${2:-200}; shift 2 || true
-source benchmarks/device_env.sh
+source tools/lab/device_env.sh
 # MINI_OF3_RUN: the run folder; runs/... (git-ignored) stays on a machine kept warm between calls, so the same
 # command with trainer.resume=auto resumes a run stopped at TRAIN_TIMEOUT from its SIGTERM checkpoint
 run=${MINI_OF3_RUN:-/tmp/run}
@@ -26,7 +26,7 @@ if [ -n "${MINI_OF3_FALLBACK:-}" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $((l
 fi
 cp $run/log.jsonl $run/config.yaml "$OUT/" 2>/dev/null; cp $run/*.png "$OUT/" 2>/dev/null
 python3 -m mini_of3.bench runs "$OUT" --names "$(basename "$config" .yaml)" \
-  --command "bash benchmarks/device_train.sh $config $steps $*" --out "$OUT/train_summary.json" --plot "$OUT/run.png"
+  --command "bash tools/lab/device_train.sh $config $steps $*" --out "$OUT/train_summary.json" --plot "$OUT/run.png"
 tail -5 "$OUT/train.log"
 # MINI_OF3_SCORE_MAX_TOKENS=384: then score the run's checkpoint on every entry of .device/mmcif (cp
 # ../shared/data/mmcif/*.cif.gz there) of at most that many tokens, less MINI_OF3_SCORE_EXCLUDE (the validation ids)

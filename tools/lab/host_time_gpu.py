@@ -8,7 +8,7 @@ so back-to-back calls measure the host) and at N = 256 (the bench's smallest sha
 At N = 256 the bench's forward medians (ours 0.27 ms, trifast 0.23) are several times the forward kernel's device
 time (~0.07 ms): this separates what the host adds from what the kernels take.
 
-    python benchmarks/host_time_gpu.py [--impls mini_of3,trifast] [--d 32]
+    python tools/lab/host_time_gpu.py [--impls mini_of3,trifast] [--d 32]
 """
 from __future__ import annotations
 

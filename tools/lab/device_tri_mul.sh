@@ -2,7 +2,7 @@
 # One device call for issue 16: the tests of the triangle multiplication and the transition on CUDA, the triangle
 # multiplication alone beside the compiled and cuEquivariance versions, and the Pairformer block at N = 768 as the
 # trainer runs it (compiled) and eager.
-#   MINI_OF3_COMMIT=<hash> bash benchmarks/device_tri_mul.sh [TAG] [NS] [STEPS]
+#   MINI_OF3_COMMIT=<hash> bash tools/lab/device_tri_mul.sh [TAG] [NS] [STEPS]
 # STEPS: any of tests, bench, block, ncu (default the first three; ncu: Nsight Compute on the four Triton kernels of
 # the second outgoing fwd+bwd at the largest N, with the warp stall reasons, into $OUT/ncu_tri_mul.txt). Carry .whl (the anchors, ../shared/tools/anchor_wheels.sh)
 # for the cueq rows; without it they are reported as skipped. Limits (seconds, the call has 600): tests 150
@@ -13,7 +13,7 @@
 set -u
 tag=${1:-dev}; ns=${2:-256,384,512,640,768}; steps=${3:-tests,bench,block}
 : "${MINI_OF3_COMMIT:?set MINI_OF3_COMMIT to the commit measured}"
-source benchmarks/device_env.sh
+source tools/lab/device_env.sh
 if [[ $steps == *tests* ]]; then   # the kernel tests at the GPU sizes (N = 97, 256) and the model-level ones
   MINI_OF3_AUTOTUNE=0 timeout ${MINI_OF3_TESTS_LIMIT:-150} python3 -m pytest -q --tb=short -p no:cacheprovider \
     tests/kernels/test_triangle_multiplication.py tests/kernels/test_transition.py tests/model/test_backends.py \
@@ -36,7 +36,7 @@ if [[ $steps == *ncu* ]]; then   # clocks left alone (METHOD.md); the first call
   timeout $left ncu --clock-control none -k 'regex:_tri_mul_' --launch-skip 4 --launch-count 4 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats \
-    python3 benchmarks/profile_tri_mul.py --ncu --ns "${ns##*,}" > "$OUT/ncu_tri_mul.txt" 2>&1
+    python3 tools/lab/profile_tri_mul.py --ncu --ns "${ns##*,}" > "$OUT/ncu_tri_mul.txt" 2>&1
   grep -E '^  _|Duration|Registers Per|Achieved Occ|Theoretical Occ|Memory Throughput|DRAM Throughput|Stall|Issue Slots|Executed Ipc|Instructions' \
     "$OUT/ncu_tri_mul.txt" | head -60
 fi

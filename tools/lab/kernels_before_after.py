@@ -1,8 +1,8 @@
 """The triangle attention kernel of an earlier commit beside the current one, in one process (issue 15: a clean-up
 must leave the numbers where they were).
 
-    python benchmarks/kernels_before_after.py --extract eee1862     (here, with git: writes .device/old/old_kernels)
-    python benchmarks/kernels_before_after.py --out DIR             (on the GPU; carry .device)
+    python tools/lab/kernels_before_after.py --extract eee1862     (here, with git: writes .device/old/old_kernels)
+    python tools/lab/kernels_before_after.py --out DIR             (on the GPU; carry .device)
 
 The old ``mini_of3/kernels`` is copied as the package ``old_kernels`` (its imports and its torch.library namespace
 renamed), so both register their ops side by side. Per N and D: forward and forward+backward ms (CUDA events, median
@@ -72,7 +72,7 @@ def main() -> None:
     from mini_of3 import kernels
     from mini_of3.bench.common import elapsed_ms, peak_mib, result_header, write_json
     impls = {"before": old_kernels.triangle_attention, "after": kernels.triangle_attention}
-    result = result_header("kernel", prog="python benchmarks/kernels_before_after.py")
+    result = result_header("kernel", prog="python tools/lab/kernels_before_after.py")
     result["before_commit"] = (OLD_ROOT / "COMMIT").read_text().strip()
     for n in (int(x) for x in args.ns.split(",")):
         for d in (int(x) for x in args.ds.split(",")):

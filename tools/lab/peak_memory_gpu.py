@@ -2,7 +2,7 @@
 in order, with its size and the Python line that made it (torch.cuda.memory's allocation history), and the peak
 above what was allocated before, as the bench measures it.
 
-    python benchmarks/peak_memory_gpu.py [--impls mini_of3,trifast] [--n 768] [--d 32]
+    python tools/lab/peak_memory_gpu.py [--impls mini_of3,trifast] [--n 768] [--d 32]
 """
 from __future__ import annotations
 

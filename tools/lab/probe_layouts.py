@@ -1,7 +1,7 @@
 """Probe one implementation on the model's layouts in a process of its own (a kernel that faults poisons the CUDA
 context of its process): one forward without autograd and one forward + backward at N, start and end node. Exit 0 and "ok", or 1 and the error.
 
-    python benchmarks/probe_layouts.py IMPL [--n 768] [--d 32]
+    python tools/lab/probe_layouts.py IMPL [--n 768] [--d 32]
 """
 import argparse
 import sys

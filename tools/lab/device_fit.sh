@@ -3,7 +3,7 @@
 # once on the one GPU (at crop 256 a step is host-bound: one process leaves most of the GPU idle). Each arm ends by
 # itself (--steps) or at LIMIT seconds (SIGTERM: the trainer saves and stops; its result is then written from the
 # run's log by --report). Carry .whl and .device (prepared entries, gemmi/biopython wheels).
-#   MINI_OF3_COMMIT=<hash> bash benchmarks/device_fit.sh TAG STEPS EVERY LIMIT_S NAME:KEY=VALUE,KEY=VALUE ...
+#   MINI_OF3_COMMIT=<hash> bash tools/lab/device_fit.sh TAG STEPS EVERY LIMIT_S NAME:KEY=VALUE,KEY=VALUE ...
 # Writes $OUT/fit_<TAG>_<NAME>.json/.png, the run's log as fit_<TAG>_<NAME>_log.jsonl and its console output.
 # MINI_OF3_RUNS (default /tmp/runs) holds the run folders: runs/... (git-ignored, not carried) stays on a machine kept
 # warm between calls, so the same command with trainer.resume=auto in MINI_OF3_FIT_COMMON resumes a run stopped at
@@ -12,7 +12,7 @@ set -u
 runs=${MINI_OF3_RUNS:-/tmp/runs}
 tag=$1; steps=$2; every=$3; limit=$4; shift 4
 : "${MINI_OF3_COMMIT:?set MINI_OF3_COMMIT to the commit measured}"
-source benchmarks/device_env.sh
+source tools/lab/device_env.sh
 for arm in "$@"; do
   name=${arm%%:*}; overrides=${arm#*:}
   timeout -s TERM -k 60 "$limit" python3 -m mini_of3.bench fit configs/crop384.yaml \

@@ -2,19 +2,19 @@
 # One device call for issue 14: the kernel in the model's layouts beside every anchor, then the training step with
 # the backends swapped. Carry .whl (../shared/tools/anchor_wheels.sh) and .device (prepared entries:
 # python -m mini_of3.data.prepare ../shared/data/mmcif .device/data/cache).
-#   MINI_OF3_COMMIT=<hash> bash benchmarks/device_step.sh TAG [STEPS] [CROPS] [ARMS] [KERNEL_NS]
+#   MINI_OF3_COMMIT=<hash> bash tools/lab/device_step.sh TAG [STEPS] [CROPS] [ARMS] [KERNEL_NS]
 # STEPS: any of kernels, step, block (default kernels,step); MINI_OF3_STEP_ARGS: more options of bench step; MINI_OF3_BLOCK_IMPLS: block's impls. Writes $OUT/kernels_layouts_<TAG>.json/.png, $OUT/step_<TAG>.json/.png.
 set -u
 tag=${1:-dev}; steps=${2:-kernels,step}; crops=${3:-256,384,512,640,768}
 arms=${4:-mini_of3+mini_of3,mini_of3+cueq,cueq+cueq,trifast+cueq,of3_triton+cueq,cueq+mini_of3}; kns=${5:-768}
 : "${MINI_OF3_COMMIT:?set MINI_OF3_COMMIT to the commit measured}"
-source benchmarks/device_env.sh
+source tools/lab/device_env.sh
 if [[ $steps == *kernels* ]]; then
   # each implementation not named in MINI_OF3_TRUSTED is probed in a process of its own first: one that faults
   # would end the bench
   impls=${MINI_OF3_TRUSTED:-}
   for impl in ${MINI_OF3_PROBE:-mini_of3 mini_of3_bf16bias trifast cueq of3_triton}; do
-    out=$(timeout 90 python3 benchmarks/probe_layouts.py $impl --n "${kns##*,}" 2>&1) && impls="$impls,$impl"
+    out=$(timeout 90 python3 tools/lab/probe_layouts.py $impl --n "${kns##*,}" 2>&1) && impls="$impls,$impl"
     echo "$out" | grep -E "^probe|Error" | tail -3
   done
   timeout ${MINI_OF3_KERNELS_LIMIT:-240} python3 -m mini_of3.bench kernels --layouts "${MINI_OF3_LAYOUTS:-start,end,contiguous}" \

@@ -3,8 +3,8 @@ forward+backward (back-to-back calls at small N, where the host is the whole cal
 at the given N with each version's default tiles, plus the largest norm-relative difference of their outputs and
 gradients.
 
-    python benchmarks/kernels_before_after.py --extract COMMIT     (here, with git: writes .device/old/old_kernels)
-    python benchmarks/tri_mul_before_after.py [--ns 768,384] [--out DIR]   (on the GPU; carry .device)
+    python tools/lab/kernels_before_after.py --extract COMMIT     (here, with git: writes .device/old/old_kernels)
+    python tools/lab/tri_mul_before_after.py [--ns 768,384] [--out DIR]   (on the GPU; carry .device)
 
 Writes DIR/tri_mul_before_after.json: rows {"what": "host", N, before_ms, after_ms} and {"what": "passes", N,
 before_/after_ fwd_ms, bwd_ms, fwdbwd_ms, max_rel_diff, after_bitwise}.
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, ".device/old")
-import tune_tri_mul as tune  # noqa: E402  (benchmarks/ is the script's folder)
+import tune_tri_mul as tune  # noqa: E402  (tools/lab/ is the script's folder)
 from host_time_gpu import host_ms  # noqa: E402
 
 from mini_of3.bench.common import result_header, write_json  # noqa: E402
@@ -48,7 +48,7 @@ def main() -> None:
     before = importlib.import_module("old_kernels.triangle_multiplication")
     after = importlib.import_module("mini_of3.kernels.triangle_multiplication")
     commit = open(".device/old/COMMIT").read().strip()
-    result = result_header("tri_mul_before_after", prog="python benchmarks/tri_mul_before_after.py")
+    result = result_header("tri_mul_before_after", prog="python tools/lab/tri_mul_before_after.py")
     result["before_commit"] = commit
     for n in (64, 256):
         times = {name: [] for name in ("before", "after")}

@@ -6,8 +6,8 @@ GPU are listed too (every aten op but views and allocations).
 At N = 256 the attention's forward runs ~0.08 ms on the H200 and the bench measures ~0.27 ms: host time is most of it
 there. Triton's own launcher (argument binding, ~40 arguments per kernel) comes on top and is not measured here.
 
-    python benchmarks/host_overhead.py [--n 256] [--reps 200]
-    python benchmarks/host_overhead.py --op tri_mul --n 8
+    python tools/lab/host_overhead.py [--n 256] [--reps 200]
+    python tools/lab/host_overhead.py --op tri_mul --n 8
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ is then exposed instead of overlapping the GPU's backlog. This runs the bench st
 forward under bf16 autocast, losses, backward, AdamW) of one arm at one crop, eager, twice to warm up, then once
 under ``torch.cuda.set_sync_debug_mode("warn")`` and counts the warnings by the innermost three mini_of3 frames.
 
-    python benchmarks/step_syncs.py configs/crop384.yaml --data .device/data/cache --crop 384 --arm mini_of3+mini_of3
+    python tools/lab/step_syncs.py configs/crop384.yaml --data .device/data/cache --crop 384 --arm mini_of3+mini_of3
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 ms of forward and forward+backward (CUDA events, median), peak MiB, norm-relative errors against float64 and a
 bitwise repeat. A development tool for the GPU machine; its table goes into mini_of3/kernels/NOTES.md.
 
-    python benchmarks/explore_transition.py --ns 384,768 [--sweep 768]
+    python tools/lab/explore_transition.py --ns 384,768 [--sweep 768]
 
 ``--sweep N``: the forward kernel's and the backward kernel's tile candidates at N (each with the other kernel at its
 default), every candidate's output and gradients checked against the default tiles' (norm-relative).

@@ -6,7 +6,7 @@ candidate's output and gradients are compared with the default tiles' (norm-rela
 the LayerNorm affine partial sums, so anything above bf16 rounding is a bug) and checked for NaN. Then the best tiles
 of each kernel together against the defaults: forward and forward + backward ms, and five repeats bitwise.
 
-    python benchmarks/tune_tri_mul.py --ns 768,384 --out $OUT      (B = 1, C = h = 128, bf16, outgoing)
+    python tools/lab/tune_tri_mul.py --ns 768,384 --out $OUT      (B = 1, C = h = 128, bf16, outgoing)
 
 Writes ``tune_tri_mul.json`` (one row per N, kernel and candidate) and prints the best tiles per kernel last.
 """
@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--before", action="store_true",
                         help="also time the module of an earlier commit, written by `python "
-                             "benchmarks/kernels_before_after.py --extract COMMIT` (carry .device)")
+                             "tools/lab/kernels_before_after.py --extract COMMIT` (carry .device)")
     parser.add_argument("--kernels", default=",".join(KERNELS), help="which candidate groups to sweep")
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -161,7 +161,7 @@ def main() -> None:
     if args.before:
         sys.path.insert(0, ".device/old")
         before = importlib.import_module("old_kernels.triangle_multiplication")
-    result = result_header("tune_tri_mul", prog="python benchmarks/tune_tri_mul.py")
+    result = result_header("tune_tri_mul", prog="python tools/lab/tune_tri_mul.py")
     result["summary"] = []
     for n in (int(x) for x in args.ns.split(",")):
         rows, best = sweep(n, device, args.kernels.split(","))

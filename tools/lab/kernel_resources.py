@@ -8,9 +8,9 @@ strides are the constant 1, pointers and other strides divisible by 16), which i
 Uses ptxas and cuobjdump from Triton's own package. Codegen of the local Triton (3.9 here) may differ a little from
 the GPU machine's (3.6): use it to compare variants, and confirm on the GPU.
 
-    python benchmarks/kernel_resources.py                 # the autotuning candidates of every kernel, D = 32
-    python benchmarks/kernel_resources.py --head-dim 64 --maxnreg 168
-    python benchmarks/kernel_resources.py --kernel transition   # tiles of the fused transition, C = 128, n = 4
+    python tools/lab/kernel_resources.py                 # the autotuning candidates of every kernel, D = 32
+    python tools/lab/kernel_resources.py --head-dim 64 --maxnreg 168
+    python tools/lab/kernel_resources.py --kernel transition   # tiles of the fused transition, C = 128, n = 4
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 attention, where rounding of dS or of the output matters little; a bias scaled by 4 concentrates each row on a few
 keys, where it matters most. Same impls, same inputs, one process, on the GPU machine:
 
-    python benchmarks/accuracy_gpu.py [--impls mini_of3,mini_of3_nosplit,trifast,cueq] [--n 256] [--scales 1,4]
+    python tools/lab/accuracy_gpu.py [--impls mini_of3,mini_of3_nosplit,trifast,cueq] [--n 256] [--scales 1,4]
 
 Prints the relative Frobenius error of o, dq, dk, dv and dbias per implementation and bias scale.
 """

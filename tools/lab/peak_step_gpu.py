@@ -2,7 +2,7 @@
 at the moment each arm's step holds the most memory, grouped by the Python line that made them (torch.cuda.memory's
 allocation history), and the difference between the first arm and each other one.
 
-    python benchmarks/peak_step_gpu.py [CONFIG] [--crop 384] [--arms mini_of3+mini_of3,mini_of3+cueq] [key=value ...]
+    python tools/lab/peak_step_gpu.py [CONFIG] [--crop 384] [--arms mini_of3+mini_of3,mini_of3+cueq] [key=value ...]
 
 The peak is measured as `python -m mini_of3.bench step` measures it (peak_mib: allocated above what was allocated
 before the step, the allocator's cache emptied first), after two warm-up steps per arm. Prints, per arm, the peak and
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from peak_memory_gpu import allocations  # benchmarks/ is the script's folder
+from peak_memory_gpu import allocations  # tools/lab/ is the script's folder
 
 from mini_of3.bench.common import load_bench_config, peak_mib
 from mini_of3.bench.step import DEFAULT_CONFIG, Arm, parse_arms, real_crop

@@ -2,9 +2,9 @@
 (torch.profiler), outgoing and incoming, at the issue-16 shape (B = 1, C = h = 128, bf16 autocast, float32 z, the
 last N/10 tokens padding). A development tool for the GPU machine; its table goes into mini_of3/kernels/NOTES.md.
 
-    python benchmarks/profile_tri_mul.py --ns 768 [--iters 10]
-    ncu ... python benchmarks/profile_tri_mul.py --ncu     (two outgoing fwd+bwd calls at the first N, for ncu:
-                                                            benchmarks/device_tri_mul.sh's ncu step)
+    python tools/lab/profile_tri_mul.py --ns 768 [--iters 10]
+    ncu ... python tools/lab/profile_tri_mul.py --ncu     (two outgoing fwd+bwd calls at the first N, for ncu:
+                                                            tools/lab/device_tri_mul.sh's ncu step)
 """
 from __future__ import annotations
 

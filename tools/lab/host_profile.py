@@ -3,7 +3,7 @@ back-to-back calls at a small N (the kernels take a few µs there, so the host i
 took longest by their own time. The bench's `fwdbwd_stream_ms` at N = 256 (2.4 ms for ours against 1.9 for
 torch.compile's, H100, bad122f) is host time; this says which part.
 
-    python benchmarks/host_profile.py [--n 64] [--calls 200] [--impl mini_of3|torch_compile]
+    python tools/lab/host_profile.py [--n 64] [--calls 200] [--impl mini_of3|torch_compile]
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 # git-ignored runs/, which a warm machine keeps between calls); each phase is skipped once done:
 #   1. CUDA graphs or not: trainer.compile_mode=reduce-overhead where the CUDA-graph test (bitwise against the
 #      default mode) passes, written to runs/compile_mode, once.
-#   2. the 49-entry run (benchmarks/device_train49.sh, MINUTES of training steps), resumed until they are spent.
+#   2. the 49-entry run (tools/lab/device_train49.sh, MINUTES of training steps), resumed until they are spent.
 #   3. with the time left, the crop ablation (256, 384, 512, 768) and then the activation one at 384 (softmax,
 #      sigmoid), ABLATE_MINUTES of training steps per arm; an arm cut by the call's end resumes in the next call.
 #      Crops are padded to the arm's crop (data.pad_to_crop): one input shape per arm, so each arm compiles and
@@ -11,7 +11,7 @@
 # PHASES names the phases to run (default graphs,train49,ablate). Everything under $OUT is packed into one
 # learn_<TAG>.tgz (a call returns at most 8 files). Carry .device.
 #   MINI_OF3_COMMIT=<hash> [PHASES=...] [MINUTES=9] [VAL_EVERY=500] [ABLATE_MINUTES=1] \
-#     bash benchmarks/device_learn.sh TAG END_S
+#     bash tools/lab/device_learn.sh TAG END_S
 # END_S: the second of the call by which the script must be done (leave ~20 s of the call's limit for the files).
 set -u
 tag=$1; end_s=$2
@@ -22,7 +22,7 @@ mkdir -p runs
 
 if [[ $phases == *,graphs,* ]] && [ ! -f runs/compile_mode ]; then
   echo "== phase 1: CUDA graphs or not ($(left) s left)"
-  source benchmarks/device_env.sh > /dev/null
+  source tools/lab/device_env.sh > /dev/null
   timeout 240 python3 -m pytest -q -x tests/model/test_compiled.py -k cuda_graph -p no:cacheprovider 2>&1 | tail -4
   if [ "${PIPESTATUS[0]}" -eq 0 ]; then echo reduce-overhead > runs/compile_mode; else echo default > runs/compile_mode; fi
   echo "compile mode: $(cat runs/compile_mode)"
@@ -30,12 +30,12 @@ fi
 
 if [[ $phases == *,train49,* ]] && [ ! -f runs/train49.done ] && [ "$(left)" -gt 120 ]; then
   echo "== phase 2: the 49-entry run, mode $(cat runs/compile_mode 2>/dev/null || echo default) ($(left) s left)"
-  VAL_EVERY=${VAL_EVERY:-500} bash benchmarks/device_train49.sh $(($(left) - 45)) > "$OUT/train49_stdout.txt" 2>&1
+  VAL_EVERY=${VAL_EVERY:-500} bash tools/lab/device_train49.sh $(($(left) - 45)) > "$OUT/train49_stdout.txt" 2>&1
   tail -8 "$OUT/train49_stdout.txt"
   grep -q "^train rc=0" "$OUT/train49_stdout.txt" && touch runs/train49.done
 fi
 
-source benchmarks/device_env.sh > /dev/null
+source tools/lab/device_env.sh > /dev/null
 if [[ $phases == *,ablate,* ]] && { [ -f runs/train49.done ] || [[ $phases != *,train49,* ]]; } \
   && [ "$(left)" -gt 100 ]; then
   common="data.root=.device/data/cache data.cache_dir=.device/data/cache wandb=false data.val_ids=[1AKI,3O5R]
