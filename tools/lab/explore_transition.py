@@ -1,6 +1,6 @@
 """The fused SwiGLU transition (AF3 SI Alg 11) on the pair track beside eager PyTorch and torch.compile of it: device
 ms of forward and forward+backward (CUDA events, median), peak MiB, norm-relative errors against float64 and a
-bitwise repeat. A development tool for the GPU machine; its table goes into mini_of3/kernels/NOTES.md.
+bitwise repeat. A development tool for the GPU machine; its table goes into docs/lab/kernels.md.
 
     python tools/lab/explore_transition.py --ns 384,768 [--sweep 768]
 

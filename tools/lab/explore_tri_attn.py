@@ -1,6 +1,6 @@
 """Where does the triangle-attention time go? Per-kernel device time (torch.profiler) for launch-config and flag
 variants of mini_of3's kernel at one shape, in one process. A development tool: `python tools/lab/explore_tri_attn.py`
-on the GPU machine; its table is copied into mini_of3/kernels/NOTES.md with the prediction made before the run.
+on the GPU machine; its table is copied into docs/lab/kernels.md with the prediction made before the run.
 """
 from __future__ import annotations
 

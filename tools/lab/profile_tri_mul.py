@@ -1,6 +1,6 @@
 """Where does the fused triangle multiplication's time go? Device time per kernel of one forward + backward
 (torch.profiler), outgoing and incoming, at the issue-16 shape (B = 1, C = h = 128, bf16 autocast, float32 z, the
-last N/10 tokens padding). A development tool for the GPU machine; its table goes into mini_of3/kernels/NOTES.md.
+last N/10 tokens padding). A development tool for the GPU machine; its table goes into docs/lab/kernels.md.
 
     python tools/lab/profile_tri_mul.py --ns 768 [--iters 10]
     ncu ... python tools/lab/profile_tri_mul.py --ncu     (two outgoing fwd+bwd calls at the first N, for ncu:
