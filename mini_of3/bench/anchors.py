@@ -4,7 +4,7 @@ Each implementation takes the canonical inputs (q, k, v [B, I, J, H, D], bias [B
 True = attend), converts them ONCE, outside the timed region, into the contiguous layout and dtypes it wants
 (so no permute is timed), and maps its outputs and gradients back to the canonical layout for the error check.
 Anchors are imported lazily; one that does not import is reported and skipped. No anchor code is copied here:
-the calls follow ../shared/tools/anchors_tri_attn.py.
+each is called through its package's public function.
 """
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def load_impls(names: list[str]) -> tuple[list[Impl], dict[str, str]]:
 
 def load_impls_reported(names: str) -> list[Impl]:
     """load_impls for a comma-separated list of names, printing each skipped one with its reason (the development
-    scripts under benchmarks/)."""
+    scripts under tools/lab/)."""
     impls, skipped = load_impls(names.split(","))
     for name, why in skipped.items():
         print(f"skipped {name}: {why}", flush=True)

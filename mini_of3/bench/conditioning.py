@@ -15,7 +15,7 @@ about 1 for a denoiser that returns its noisy input); per arm: the mean lDDT-Cal
 sampled with that context. A denoiser that ignores the trunk scores the same in every arm; one that has learnt to
 read it loses most at the noise levels where the structure must come from the trunk (sigma above sigma_data).
 
-    python -m mini_of3.bench conditioning runs/fit4 --mmcif ../shared/data/mmcif --ids 1L2Y,5I55,1PSM,1CRN
+    python -m mini_of3.bench conditioning runs/fit4 --mmcif data/mmcif --ids 1L2Y,5I55,1PSM,1CRN
 
 Writes ``<out>/conditioning[_tag].json`` (``"bench": "conditioning"``, one row per entry and arm: ``entry``,
 ``arm``, ``N``, ``step``, ``mse_by_level`` {level: loss}, ``sample_lddt_ca``) and prints the arms' means.

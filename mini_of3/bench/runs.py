@@ -4,7 +4,7 @@ One run folder (its ``log.jsonl`` and ``config.yaml``): steps, the steady step t
 quarters of the steps: the first ones include Triton compilation and autotuning), samples per second (the global
 batch is the number of entries a step logs in ``ids``, gathered from every rank), peak memory (main process), and the
 loss of the first and last tenth of the steps. Several folders: each later run is also compared with the first, the
-reference, step by step (issue 6: 2 GPUs against 1 GPU with the same global batch): the speed-up in samples per
+reference, step by step (e.g. 2 GPUs against 1 GPU with the same global batch): the speed-up in samples per
 second, whether every step saw the same entries, and the largest relative difference of the training loss; with
 ``--plot`` the loss curves and their relative difference are drawn.
 

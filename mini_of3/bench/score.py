@@ -8,7 +8,7 @@ whole (every chain), each with ``--samples`` structures ranked by mean pLDDT. Pe
 lDDT-Calpha, TM-score, its mirror image's TM-score and mean pLDDT, and ``mirrored_fraction``, the share of all the
 entry's samples whose mirror image scores the higher TM-score (a sample of the wrong hand: lDDT cannot see it).
 
-    python -m mini_of3.bench score runs/crop384 --mmcif ../shared/data/mmcif --max-tokens 384 --exclude 1AKI,3O5R
+    python -m mini_of3.bench score runs/crop384 --mmcif data/mmcif --max-tokens 384 --exclude 1AKI,3O5R
 
 Writes ``<out>/score[_tag].json`` (``"bench": "score"``, one row per entry: ``entry``, ``N``, ``step``,
 ``lddt_ca``, ``tm_score``, ``tm_score_mirror``, ``rmsd``, ``plddt``, ``mirrored_fraction``) and prints a table with
@@ -62,7 +62,7 @@ def _ids(text: str | None) -> list[str] | None:
 def add_sampling_options(parser: argparse.ArgumentParser, samples: int, samples_help: str | None = None) -> None:
     """The options of a command that samples a checkpoint's structures of mmCIF entries (this one, ``bench
     conditioning``): --mmcif, --ids, --samples, --steps, --seed, --device, --out, --tag."""
-    parser.add_argument("--mmcif", default="../shared/data/mmcif", help="a folder of mmCIF files (the truth)")
+    parser.add_argument("--mmcif", default="data/mmcif", help="a folder of mmCIF files (the truth)")
     parser.add_argument("--ids", default=None, help="comma-separated entries (default: every file in --mmcif)")
     parser.add_argument("--samples", type=int, default=samples, help=samples_help)
     parser.add_argument("--steps", type=int, default=None, help="EDM steps (default: the model's sampling_steps)")

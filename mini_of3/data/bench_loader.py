@@ -54,7 +54,7 @@ def time_getitem(prepared: Path, entry: str | None, crop_size: int, n: int) -> d
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mini_of3.data.bench_loader", description=__doc__.splitlines()[0])
-    parser.add_argument("src", nargs="?", default="../shared/data/mmcif", help="folder of mmCIF files")
+    parser.add_argument("src", nargs="?", default="data/mmcif", help="folder of mmCIF files")
     parser.add_argument("--prepared", help="use this prepared folder and skip the prepare timing")
     parser.add_argument("--entry", help="entry id to time (default: the one with most resolved tokens)")
     parser.add_argument("--crop", type=int, default=768)

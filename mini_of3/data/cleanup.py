@@ -135,7 +135,7 @@ def drop_waters(chains: list[Subchain]) -> tuple[list[Subchain], list[tuple[str,
 
 def drop_ligands(chains: list[Subchain]) -> tuple[list[Subchain], list[tuple[str, str]]]:
     """Drop non-polymer and branched entities (ligands, ions, glycans): out of this package's protein-only scope
-    (DESIGN.md, Scope); AF3 SI 2.5.4 also removes crystallization aids among them."""
+    (docs/design.md, Scope); AF3 SI 2.5.4 also removes crystallization aids among them."""
     keep, skipped = [], []
     for sc in chains:
         kind = sc.entity.entity_type if sc.entity is not None else gemmi.EntityType.Unknown
@@ -148,7 +148,7 @@ def drop_ligands(chains: list[Subchain]) -> tuple[list[Subchain], list[tuple[str
 
 
 def drop_non_protein_polymers(chains: list[Subchain]) -> tuple[list[Subchain], list[tuple[str, str]]]:
-    """Drop polymers that are not L-polypeptides: nucleic acids and others are out of scope (DESIGN.md, Scope;
+    """Drop polymers that are not L-polypeptides: nucleic acids and others are out of scope (docs/design.md, Scope;
     AF3 SI 2.5.4 keeps them, this package is protein only)."""
     keep, skipped = [], []
     for sc in chains:

@@ -1,7 +1,7 @@
 """The offline data source: the mmCIF entries shipped in the sdist of the PyPI package ``mdanalysistests==2.11.0``
 (3KPR, 3PWP, 1BD2, 5PTI, 7ETN, 1YJP, and 1YJP_invalid, a real broken file). Installing that package would pull
 MDAnalysis and its compiled dependencies, so its archive is fetched with ``pip download --no-deps`` into a temporary
-folder and only those members are read from it (DESIGN.md, Data records).
+folder and only those members are read from it (docs/design.md, Data).
 """
 from __future__ import annotations
 

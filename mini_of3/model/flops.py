@@ -6,7 +6,7 @@ one recomputation, docs/design.md). Run ``python -m mini_of3.model.flops [N]`` f
 """
 from __future__ import annotations
 
-import sys
+import argparse
 
 from mini_of3.config import ModelConfig
 
@@ -66,7 +66,16 @@ def print_block_costs(cfg: ModelConfig | None = None, n_tokens: int = 384) -> No
     print(format_block_costs(cfg or ModelConfig(), n_tokens))
 
 
-if __name__ == "__main__":
-    for arg in sys.argv[1:] or ["256", "384", "768"]:
-        print_block_costs(ModelConfig(), int(arg))
+def main(argv: list[str] | None = None) -> None:
+    """``python -m mini_of3.model.flops [N ...]``: the table at the default config for each crop size N."""
+    parser = argparse.ArgumentParser(prog="python -m mini_of3.model.flops",
+                                     description="Parameters and forward matmul FLOPs of one Pairformer block at the "
+                                                 "default config (c_s 384, c_z 128), per sub-layer.")
+    parser.add_argument("n_tokens", nargs="*", type=int, default=[256, 384, 768], help="crop sizes N")
+    for n_tokens in parser.parse_args(argv).n_tokens:
+        print_block_costs(ModelConfig(), n_tokens)
         print()
+
+
+if __name__ == "__main__":
+    main()

@@ -122,7 +122,7 @@ def test_matches_float64_reference_gpu_sizes(B, N, C, h, direction, z_dtype, aut
     dict(proj_fwd_m=64, proj_fwd_hc=16, proj_fwd_warps=8, out_fwd_p=16, out_fwd_warps=8, proj_bwd_m=16),
 ])
 def test_other_tiles_compute_the_same_function(tiles):
-    """Any tiles (benchmarks/tune_tri_mul.py sweeps them) meet the float64 reference: N = 19 spans one to two
+    """Any tiles (tools/lab/tune_tri_mul.py sweeps them) meet the float64 reference: N = 19 spans one to two
     programs and h = 32 one or two hidden-channel chunks, with masks."""
     from mini_of3.kernels.triangle_multiplication_host import tri_mul_tiles
     with tri_mul_tiles(**tiles):

@@ -1,0 +1,127 @@
+"""Compile the triangle-attention kernels (and the transition's, ``--kernel transition``) for the H200 (sm_90) on a
+machine without a GPU, and report what each launch configuration costs in registers, spills (local-memory
+loads/stores), shared memory, and which MMA instructions the SASS holds (HGMMA = Hopper wgmma, HMMA = mma.sync).
+
+Occupancy, not bandwidth, limits these kernels (Nsight Compute: 12.5 % occupancy, register-limited), and
+registers can be read here at no device time. The problem is specialised as the JIT sees a contiguous one (unit
+strides are the constant 1, pointers and other strides divisible by 16), which is what makes the loads vectorise.
+Uses ptxas and cuobjdump from Triton's own package. Codegen of the local Triton (3.9 here) may differ a little from
+the GPU machine's (3.6): use it to compare variants, and confirm on the GPU.
+
+    python tools/lab/kernel_resources.py                 # the autotuning candidates of every kernel, D = 32
+    python tools/lab/kernel_resources.py --head-dim 64 --maxnreg 168
+    python tools/lab/kernel_resources.py --kernel transition   # tiles of the fused transition, C = 128, n = 4
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from mini_of3.kernels import transition_kernels as TK  # noqa: E402
+from mini_of3.kernels import triangle_attention_kernels as K  # noqa: E402
+from mini_of3.kernels.triangle_attention_host import _dkdv_configs, _dq_configs, _fwd_configs  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+DIVISIBLE = ("N", "NN", "AB_PART")   # the pair counts of N a multiple of 16 (every crop size), as the JIT sees them
+UNIT_STRIDES = ("sq_d", "sk_d", "sv_d", "so_d", "sd_d", "sg_d", "sb_k", "sm_k", "so_k")
+POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", BIAS="*fp32", KEY_BIAS="*i1", O="*bf16", LSE="*fp32", DO="*bf16",
+                DELTA="*fp32", DELTA0="*fp32", G="*bf16", DQ="*bf16", DK="*bf16", DV="*bf16", DBIAS="*fp32",
+                X="*fp32", LN_W="*fp32", LN_B="*fp32", W_A="*bf16", W_B="*bf16", W_O="*bf16", OUT="*bf16",
+                MEAN="*fp32", RSTD="*fp32", DOUT="*bf16", DX="*fp32", HIDDEN="*bf16", DAB="*bf16", XN="*bf16",
+                PART="*fp32")
+# (rows, hidden chunk, warps, stages) of the transition's forward and backward kernels
+TRANSITION_TILES = [(64, 64, 4, 2), (128, 64, 8, 2), (64, 128, 4, 2), (128, 32, 8, 3), (64, 32, 4, 3),
+                    (64, 32, 8, 2), (128, 32, 8, 2), (32, 64, 4, 2), (128, 16, 8, 3), (64, 16, 4, 2)]
+
+
+def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None):
+    """Compile ``fn`` for sm_90 with the given constexprs, specialised as the JIT would for a contiguous input."""
+    constexprs = dict(constexprs)
+    for name in UNIT_STRIDES:
+        if name in fn.arg_names:
+            constexprs[name] = 1
+    signature, attrs = {}, {}
+    for idx, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        signature[name] = POINTERS.get(name, "fp32" if name == "scale" else "i32")
+        if name in POINTERS or name.startswith("s") or name in DIVISIBLE:
+            attrs[(idx,)] = [["tt.divisibility", 16]]
+    options = {"num_warps": num_warps, "num_stages": num_stages, **({"maxnreg": maxnreg} if maxnreg else {})}
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs), target=TARGET,
+                          options=options)
+
+
+def resources(compiled) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        usage = subprocess.run([BIN / "cuobjdump", "--dump-resource-usage", cubin], capture_output=True,
+                               text=True, check=True).stdout
+        sass = subprocess.run([BIN / "cuobjdump", "--dump-sass", cubin], capture_output=True, text=True,
+                              check=True).stdout
+    regs = int(re.search(r"REG:(\d+)", usage).group(1))
+    return {"regs": regs, "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
+            "smem": compiled.metadata.shared, "local_ld": sass.count("LDL"), "local_st": sass.count("STL"),
+            "mma": "HGMMA" if "HGMMA" in sass else ("HMMA" if "HMMA" in sass else "-"),
+            "ctas_per_sm_by_regs": 65536 // (regs * 32 * compiled.metadata.num_warps)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kernel", choices=("fwd", "dq", "dkdv", "dbias", "all", "transition"), default="all")
+    parser.add_argument("--head-dim", type=int, default=32)
+    parser.add_argument("--maxnreg", type=int, default=None)
+    args = parser.parse_args()
+    d = args.head_dim
+    common = dict(HAS_KEY_BIAS=True, SIGMOID=False, FAST_EXP=True, DOT_PREC="tf32", BLOCK_D=d,
+                  GATED=True)   # the model's gated attention
+    jobs = []   # the default backward: the forward (lse, p unsplit), dQ (exact delta), dK/dV, dbias
+    if args.kernel in ("fwd", "all"):
+        for c in _fwd_configs(d):
+            jobs.append(("fwd", K._fwd, dict(common, STORE_LSE=True, **c.kwargs), c.num_warps, c.num_stages))
+    if args.kernel in ("dq", "all"):
+        for c in _dq_configs(d):
+            jobs.append((f"dq r{c.kwargs['ROWS']}", K._bwd_dq, dict(common, SPLIT_DS=True, **c.kwargs), c.num_warps,
+                         c.num_stages))
+    if args.kernel in ("dkdv", "all"):
+        for c in _dkdv_configs(d):
+            name = f"dkdv p{c.kwargs['PREFETCH']}"     # p: loads ahead (0, 1 q/dO, 2 +bias)
+            jobs.append((name, K._bwd_dkdv, dict(common, SPLIT_DS=True, **c.kwargs), c.num_warps, c.num_stages))
+    if args.kernel in ("dbias", "all"):
+        block = 64 if d <= 64 else 32
+        tiles = [(block, block, 4, 1), (block, block, 4, 2), (block, block, 4, 3), (block, block, 8, 2)]
+        if d <= 32:   # wider tiles: fewer q, k, v, dO bytes per score
+            tiles += [(128, 64, 8, 2), (64, 128, 8, 2), (128, 128, 8, 2)]
+        for bj, bk, warps, stages in tiles:
+            jobs.append(("dbias", K._bwd_dbias, dict(common, BLOCK_J=bj, BLOCK_K=bk), warps, stages))
+    if args.kernel == "transition":     # BLOCK_J, BLOCK_K columns: rows and hidden chunk
+        for m, hc, warps, stages in TRANSITION_TILES:
+            flags = dict(C=128, HID=512, DOT_PREC="tf32", BLOCK_M=m, BLOCK_J=m, BLOCK_K=hc, BLOCK_C=128, BLOCK_HC=hc)
+            jobs.append(("transition fwd", TK._transition_fwd, dict(flags, STORE_STATS=True), warps, stages))
+            jobs.append(("transition bwd", TK._transition_bwd, flags, warps, stages))
+    print(f"{'kernel':14s}{'BJ':>5s}{'BK':>5s}{'warps':>6s}{'stages':>7s}{'regs':>6s}{'CTA/SM':>7s}{'stack':>7s}"
+          f"{'LDL':>5s}{'STL':>5s}{'smem':>8s}  mma")
+    for name, fn, flags, warps, stages in jobs:
+        r = resources(compile_kernel(fn, {k: v for k, v in flags.items() if k in fn.arg_names}, warps, stages,
+                                     args.maxnreg))
+        print(f"{name:14s}{flags['BLOCK_J']:5d}{flags['BLOCK_K']:5d}{warps:6d}{stages:7d}{r['regs']:6d}"
+              f"{r['ctas_per_sm_by_regs']:7d}{r['stack']:7d}{r['local_ld']:5d}{r['local_st']:5d}{r['smem']:8d}  "
+              f"{r['mma']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
