@@ -26,11 +26,12 @@ evaluation is as expensive as the matmuls, and SIGMOID selects it:
     "newton2"  e = 2^-|z| by ex2.approx (1 MUFU op), 1 / (1 + e) on the FP32 pipe by a linear guess and 2 Newton steps
                (relative error 1.2e-5, one-sided), sigma = r or e r by the sign of z: ~9 FP32 ops.
     "newton3"  the same with 3 Newton steps (float32-exact, ~11 FP32 ops).
-    "tanh"     0.5 + 0.5 tanh.approx(x / 2), as TritonSigmoid: 1 MUFU op, but tanh.approx's ~2^-11 error near -1
-               becomes a large relative error of the small sigmoids that b = -log(n) makes typical (n = 16384:
-               sigma ~ 6e-5); never a default.
-z = x log2(e) enters as one FMA of the raw score (scale and b folded into its two coefficients). ASM (GPU only)
-issues the PTX approximations; the interpreter computes the same formulas with tl.exp2 and division. Masks cost only
+    "tanh"     0.5 + 0.5 tanh.approx(x / 2), as TritonSigmoid: 1 MUFU op, but tanh.approx's error (~2^-11 relative
+               to tanh) is an absolute error of up to ~2.4e-4 on sigma, large against the small sigmoids that
+               b = -log(n) makes typical (n = 16384: sigma ~ 6e-5); never a default.
+z = x log2(e) (x / 2 for "tanh") enters as one FMA of the raw score, scale and b folded into its two coefficients.
+ASM (GPU only) issues the PTX approximations; the interpreter evaluates "newton2"/"newton3" as written (tl.exp2 for
+ex2.approx) and "rcp"/"tanh" exactly, as "exact". Masks cost only
 where needed: each loop is split into blocks with no mask at all and boundary blocks (the causal diagonal, the last
 partial block), and blocks wholly past a length or above the diagonal are skipped. Masked scores are zeroed after
 the sigmoid (tl.where), so no -inf ever meets an inf and nothing can become NaN; padded rows load as zeros.
