@@ -34,7 +34,7 @@ import torch
 
 from mini_of3.bench.common import elapsed_ms, package_versions, print_table, result_header, write_json
 from mini_of3.kernels import sigmoid_attention
-from mini_of3.kernels.sigmoid_attention import SIGMOID_VARIANTS, current_tiles, tile_override
+from mini_of3.kernels.sigmoid_attention_launch import SIGMOID_VARIANTS, current_tiles, sigmoid_tiles
 
 IMPLS = ("mini_of3", "triton_sigmoid", "cudnn", "flash")
 DEFAULT_SHAPES = "b4t4096d64,b1t16384d64,b4t4096d128,b1t16384d128,varlen16d128"
@@ -325,7 +325,7 @@ def sweep_shape(shape: Shape, args, device: torch.device) -> list[dict]:
 
         row = {"shape": shape.name, "D": shape.D, "fields": fields, "deterministic": deterministic}
         try:
-            with tile_override(**fields):
+            with sigmoid_tiles(**fields):
                 row["fwd_ms"] = median_ms(fwd, device, args.reps, args.warmup)
                 row["fwdbwd_ms"] = median_ms(lambda r: forward_backward(impl, *bound[r % 2]), device, args.reps,
                                              args.warmup)

@@ -20,5 +20,6 @@ from mini_of3.kernels.triangle_attention import gated_triangle_attention, triang
 from mini_of3.kernels.transition import transition
 from mini_of3.kernels.triangle_multiplication import triangle_multiplication
 
-__all__ = ["gated_triangle_attention", "sigmoid_attention", "sigmoid_attention_ref", "transition", "transition_reference", "triangle_attention",
-           "triangle_attention_ref", "triangle_multiplication", "triangle_multiplication_reference"]
+__all__ = ["gated_triangle_attention", "sigmoid_attention", "sigmoid_attention_ref", "transition",
+           "transition_reference", "triangle_attention", "triangle_attention_ref", "triangle_multiplication",
+           "triangle_multiplication_reference"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mini_of3.kernels import sigmoid_attention, sigmoid_attention_ref
-from mini_of3.kernels.sigmoid_attention import SIGMOID_VARIANTS, tile_override
+from mini_of3.kernels.sigmoid_attention_launch import SIGMOID_VARIANTS, sigmoid_tiles
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # norm-relative error against float64 of the same rounded inputs. sigma and dS are rounded to the input dtype before
@@ -149,7 +149,7 @@ def test_block_shapes_around_the_causal_diagonal(tiles):
     q, k, v, do = make_inputs((sum(lens_q), 1, 32), (sum(lens_k), 1, 32), torch.float32, seed=5)
     kw = dict(cu_seqlens_q=cumulative(lens_q), cu_seqlens_k=cumulative(lens_k), max_seqlen_q=50, max_seqlen_k=50,
               causal=True)
-    with tile_override(**tiles):
+    with sigmoid_tiles(**tiles):
         got = run(sigmoid_attention, q, k, v, do, backend="triton", **kw)
     assert_matches(got, reference(q, k, v, do, **kw), torch.float32)
 
@@ -173,12 +173,24 @@ def test_sigmoid_evaluations(variant):
     "tanh" instead): all exact to float32 except "newton2", whose two Newton steps leave a relative error <= 1.2e-5
     on each sigmoid."""
     q, k, v, do = make_inputs((1, 24, 2, 32), (1, 24, 2, 32), torch.float32, seed=7, magnitude=2.0)
-    with tile_override(sigmoid=variant):
+    if variant == "tanh" and DEVICE == "cuda":
+        pytest.skip("tanh.approx on the GPU is held to its own bound in test_sigmoid_attention_gpu.py")
+    with sigmoid_tiles(sigmoid=variant):
         got = run(sigmoid_attention, q, k, v, do, backend="triton")
     ref = reference(q, k, v, do)
     bound = 3e-5 if variant == "newton2" else TOLERANCE[torch.float32]
     for name, g, r in zip(NAMES, got, ref):
         assert rel_err(g, r) < bound, (variant, name, rel_err(g, r))
+
+
+def test_tile_override_rejects_unknown_fields_and_evaluations():
+    q = torch.zeros(1, 16, 1, 32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"sigmoid_tiles: unknown fields \['fwd_block'\]"):
+        with sigmoid_tiles(fwd_block=64):
+            pass
+    with pytest.raises(ValueError, match=r"sigmoid_tiles: sigmoid must be one of .*got 'sin'"):
+        with sigmoid_tiles(sigmoid="sin"):
+            sigmoid_attention(q, q, q, backend="triton")
 
 
 def test_bitwise_repeat():
@@ -234,8 +246,9 @@ def test_sigmoid_bias_forms(form):
     lens = [6, 11, 17]
     S, H, D = 3, 2, 32
     q, k, v, do = make_inputs((sum(lens), H, D), (sum(lens), H, D), torch.float32, seed=23)
-    bias = {"scalar": -1.5, "per_sequence": torch.tensor([-1.0, 0.5, -3.0]),
-            "per_head": torch.tensor([-2.0, 1.0]), "per_sequence_head": torch.randn(S, H)}[form]
+    bias = {"scalar": -1.5, "per_sequence": torch.tensor([-1.0, 0.5, -3.0], device=DEVICE),
+            "per_head": torch.tensor([-2.0, 1.0], device=DEVICE),
+            "per_sequence_head": torch.randn(S, H, device=DEVICE)}[form]
     kw = dict(cu_seqlens_q=cumulative(lens), cu_seqlens_k=cumulative(lens), max_seqlen_q=17, max_seqlen_k=17,
               sigmoid_bias=bias)
     got = run(sigmoid_attention, q, k, v, do, backend="triton", **kw)
@@ -263,13 +276,17 @@ def test_reference_bias_semantics():
 # errors
 
 
+def _zeros(*shape, dtype=torch.bfloat16):
+    return torch.zeros(shape, dtype=dtype, device=DEVICE)
+
+
 def _args(layout="dense", D=32, dtype=torch.bfloat16):
     if layout == "dense":
-        q = torch.zeros(2, 8, 2, D, dtype=dtype)
+        q = torch.zeros(2, 8, 2, D, dtype=dtype, device=DEVICE)
         return dict(q=q, k=q.clone(), v=q.clone())
-    q = torch.zeros(10, 2, D, dtype=dtype)
-    return dict(q=q, k=q.clone(), v=q.clone(), cu_seqlens_q=torch.tensor([0, 4, 10], dtype=torch.int32),
-                cu_seqlens_k=torch.tensor([0, 4, 10], dtype=torch.int32), max_seqlen_q=6, max_seqlen_k=6)
+    q = torch.zeros(10, 2, D, dtype=dtype, device=DEVICE)
+    return dict(q=q, k=q.clone(), v=q.clone(), cu_seqlens_q=i32([0, 4, 10]), cu_seqlens_k=i32([0, 4, 10]),
+                max_seqlen_q=6, max_seqlen_k=6)
 
 
 def _call(**kw):
@@ -279,36 +296,38 @@ def _call(**kw):
 
 
 ERRORS = [
-    (dict(_args(), q=torch.zeros(2, 8, 64)), ValueError, r"q must be \[B, T, H, D\], got shape \(2, 8, 64\)"),
-    (dict(_args(), v=torch.zeros(2, 9, 2, 32, dtype=torch.bfloat16)), ValueError, r"k and v must have one shape"),
-    (dict(_args(), k=torch.zeros(2, 8, 3, 32, dtype=torch.bfloat16), v=torch.zeros(2, 8, 3, 32, dtype=torch.bfloat16)),
-     ValueError, r"q and k must share H and D"),
-    (dict(_args(), k=torch.zeros(2, 8, 2, 32, dtype=torch.float16)), TypeError, r"must share a dtype"),
+    (dict(_args(), q=_zeros(2, 8, 64)), ValueError, r"q must be \[B, T, H, D\], got shape \(2, 8, 64\)"),
+    (dict(_args(), v=_zeros(2, 9, 2, 32)), ValueError, r"k and v must have one shape"),
+    (dict(_args(), k=_zeros(2, 8, 3, 32), v=_zeros(2, 8, 3, 32)), ValueError, r"q and k must share H and D"),
+    (dict(_args(), k=_zeros(2, 8, 2, 32, dtype=torch.float16)), TypeError, r"must share a dtype"),
     (_args(D=48), ValueError, r"head dim D must be one of \(32, 64, 128\).*got 48"),
     (_args(dtype=torch.float64), TypeError, r"Triton kernel takes float16, bfloat16 or float32"),
     (dict(_args(), backend="cuda"), ValueError, r"backend must be one of"),
-    (dict(_args("varlen"), cu_seqlens_q=torch.tensor([0, 4, 10])), TypeError, r"cu_seqlens_q must be int32"),
-    (dict(_args("varlen"), cu_seqlens_k=torch.tensor([1, 4, 10], dtype=torch.int32)), ValueError,
+    (dict(_args("varlen"), cu_seqlens_q=torch.tensor([0, 4, 10], device=DEVICE)), TypeError,
+     r"cu_seqlens_q must be int32"),
+    (dict(_args("varlen"), cu_seqlens_k=i32([1, 4, 10])), ValueError,
      r"cu_seqlens_k must start at 0, got 1"),
-    (dict(_args("varlen"), cu_seqlens_q=torch.tensor([0, 7, 4, 10], dtype=torch.int32),
-          cu_seqlens_k=torch.tensor([0, 7, 8, 10], dtype=torch.int32)), ValueError, r"must be non-decreasing"),
-    (dict(_args("varlen"), cu_seqlens_k=torch.tensor([0, 4, 9], dtype=torch.int32)), ValueError,
+    (dict(_args("varlen"), cu_seqlens_q=i32([0, 7, 4, 10]),
+          cu_seqlens_k=i32([0, 7, 8, 10])), ValueError, r"must be non-decreasing"),
+    (dict(_args("varlen"), cu_seqlens_k=i32([0, 4, 9])), ValueError,
      r"cu_seqlens_k\[-1\] must equal the packed length 10, got 9"),
-    (dict(_args("varlen"), cu_seqlens_k=torch.tensor([0, 10], dtype=torch.int32)), ValueError,
+    (dict(_args("varlen"), cu_seqlens_k=i32([0, 10])), ValueError,
      r"cu_seqlens_k must have shape \(3,\)"),
     (dict(_args("varlen"), max_seqlen_q=5), ValueError, r"max_seqlen_q=5 is smaller than the longest sequence \(6"),
     (dict(_args("varlen"), max_seqlen_k=6.0), TypeError, r"max_seqlen_k must be a Python int"),
     (dict(_args("varlen"), cu_seqlens_k=None), ValueError, r"needs both cu_seqlens_q and cu_seqlens_k"),
-    (dict(_args("varlen"), seq_lens_q=torch.tensor([4, 6], dtype=torch.int32)), ValueError,
+    (dict(_args("varlen"), seq_lens_q=i32([4, 6])), ValueError,
      r"either seq_lens_q/k .* or cu_seqlens_q/k .*, not both"),
     (dict(_args(), max_seqlen_q=8), ValueError, r"max_seqlen_q/k go with cu_seqlens_q/k"),
-    (dict(_args(), seq_lens_k=torch.tensor([8, 9], dtype=torch.int32)), ValueError,
+    (dict(_args(), seq_lens_k=i32([8, 9])), ValueError,
      r"seq_lens_k must lie in \[0, 8\].*got values in \[8, 9\]"),
-    (dict(_args(), seq_lens_q=torch.tensor([8, 2, 1], dtype=torch.int32)), ValueError,
+    (dict(_args(), seq_lens_q=i32([8, 2, 1])), ValueError,
      r"seq_lens_q must have shape \(2,\), got \(3,\)"),
-    (dict(_args(), seq_lens_q=torch.tensor([8, 2])), TypeError, r"seq_lens_q must be int32, got torch.int64"),
-    (dict(_args(), sigmoid_bias=torch.zeros(2)), ValueError, r"ambiguous with 2 sequences and 2 heads"),
-    (dict(_args(), sigmoid_bias=torch.zeros(5)), ValueError, r"sigmoid_bias must be a float, \[S\] = \(2,\)"),
+    (dict(_args(), seq_lens_q=torch.tensor([8, 2], device=DEVICE)), TypeError,
+     r"seq_lens_q must be int32, got torch.int64"),
+    (dict(_args(), sigmoid_bias=_zeros(2, dtype=torch.float32)), ValueError, r"ambiguous with 2 sequences and 2 heads"),
+    (dict(_args(), sigmoid_bias=_zeros(5, dtype=torch.float32)), ValueError,
+     r"sigmoid_bias must be a float, \[S\] = \(2,\)"),
     (dict(_args(), sigmoid_bias=float("nan")), TypeError, r"sigmoid_bias must be None, a finite float"),
     (dict(_args(), causal=1), TypeError, r"causal and deterministic must be bools"),
 ]

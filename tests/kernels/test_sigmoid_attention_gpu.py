@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mini_of3.kernels import sigmoid_attention
-from mini_of3.kernels.sigmoid_attention import SIGMOID_VARIANTS, tile_override
+from mini_of3.kernels.sigmoid_attention_launch import SIGMOID_VARIANTS, sigmoid_tiles
 from tests.kernels.test_sigmoid_attention import (NAMES, assert_padding_zero, cumulative, i32, make_inputs,
                                                   reference, rel_err, run)
 
@@ -72,7 +72,7 @@ def test_sigmoid_evaluations_on_the_gpu(variant):
     """Every evaluation of the sigmoid, its PTX approximations included, at b = -log(2048) (sigmas ~5e-4). "tanh"
     (TritonSigmoid's) is held only to a loose bound: tanh.approx's error near -1 is large relative to such sigmas."""
     q, k, v, do = make_inputs((1, 2048, 4, 64), (1, 2048, 4, 64), torch.bfloat16, seed=3)
-    with tile_override(sigmoid=variant):
+    with sigmoid_tiles(sigmoid=variant):
         got = run(sigmoid_attention, q, k, v, do, causal=True)
     ref = reference(q, k, v, do, causal=True)
     errors = {name: rel_err(g, r) for name, g, r in zip(NAMES, got, ref)}
