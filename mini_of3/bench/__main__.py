@@ -3,7 +3,7 @@ import sys
 
 COMMANDS = {"kernels": "mini_of3.bench.kernels", "step": "mini_of3.bench.step", "block": "mini_of3.bench.block",
             "fit": "mini_of3.bench.fit", "runs": "mini_of3.bench.runs", "trimul": "mini_of3.bench.trimul",
-            "score": "mini_of3.bench.score",
+            "score": "mini_of3.bench.score", "sigmoid": "mini_of3.bench.sigmoid",
             "conditioning": "mini_of3.bench.conditioning"}
 SUMMARY = {
     "kernels": "triangle attention against the anchors (ms, peak MiB, float64 errors, bitwise repeats)",

@@ -132,3 +132,83 @@ def transition_reference(
     a = torch.nn.functional.linear(x, a_weight.to(x.dtype))
     b = torch.nn.functional.linear(x, b_weight.to(x.dtype))
     return torch.nn.functional.linear(torch.nn.functional.silu(a) * b, out_weight.to(x.dtype))
+
+
+def sigmoid_bias_table(sigmoid_bias: torch.Tensor, n_sequences: int, n_heads: int) -> torch.Tensor:
+    """A ``sigmoid_bias`` tensor as a [S, H] view (no copy): [S] or [S, 1] per sequence, [H] or [1, H] per head,
+    or [S, H]. A 1-D tensor is ambiguous when S == H; then it must be given as [S, 1] or [1, H]."""
+    S, H = n_sequences, n_heads
+    shape = tuple(sigmoid_bias.shape)
+    if sigmoid_bias.dim() == 1:
+        if S == H and shape == (S,):
+            raise ValueError(f"sigmoid_bias of shape {shape} is ambiguous with {S} sequences and {H} heads: give it "
+                             f"as [S, 1] = ({S}, 1) per sequence or [1, H] = (1, {H}) per head")
+        if shape == (S,):
+            return sigmoid_bias[:, None].expand(S, H)
+        if shape == (H,):
+            return sigmoid_bias[None, :].expand(S, H)
+    elif sigmoid_bias.dim() == 2 and shape in ((S, 1), (1, H), (S, H)):
+        return sigmoid_bias.expand(S, H)
+    raise ValueError(f"sigmoid_bias must be a float, [S] = ({S},), [H] = ({H},), [S, 1], [1, H] or [S, H] = "
+                     f"({S}, {H}), got shape {shape}")
+
+
+def sigmoid_attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    seq_lens_q: torch.Tensor | None = None,
+    seq_lens_k: torch.Tensor | None = None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    sigmoid_bias: float | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Sigmoid attention, one sequence at a time: o_i = sum_k sigmoid(scale q_i . k_k + b) v_k over the keys k that
+    query i sees, b = -log(number of keys of the sequence) unless ``sigmoid_bias`` is given (a float, or a tensor
+    per sequence and/or head, see :func:`sigmoid_bias_table`). Causal: query i of a sequence with Lq queries and Lk
+    keys sees the keys k <= i + Lk - Lq (bottom-right). A query that sees no key, and every padded row, gives zeros.
+    Scores, sigmoid and products run in float32 for 16-bit inputs (float64 for float64).
+
+    Layouts:
+        dense: q [B, Tq, H, D], k, v [B, Tk, H, D]
+        padded: the same with ``seq_lens_q`` / ``seq_lens_k`` [B] (valid rows first, trailing padding)
+        packed varlen: q [total_q, H, D], k, v [total_k, H, D] with ``cu_seqlens_q`` / ``cu_seqlens_k`` [S + 1]
+    Returns:
+        o: q's shape and dtype
+    """
+    H, D = q.shape[-2:]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    stat = _stat_dtype(q.dtype)
+    if cu_seqlens_q is not None:
+        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        spans = [(q[cq[s]:cq[s + 1]], k[ck[s]:ck[s + 1]], v[ck[s]:ck[s + 1]]) for s in range(len(cq) - 1)]
+    else:
+        B, Tq, Tk = q.shape[0], q.shape[1], k.shape[1]
+        lq = seq_lens_q.tolist() if seq_lens_q is not None else [Tq] * B
+        lk = seq_lens_k.tolist() if seq_lens_k is not None else [Tk] * B
+        spans = [(q[b, :lq[b]], k[b, :lk[b]], v[b, :lk[b]]) for b in range(B)]
+    if isinstance(sigmoid_bias, torch.Tensor):
+        table = sigmoid_bias_table(sigmoid_bias, len(spans), H).to(device=q.device, dtype=stat)       # [S, H]
+    outs = []
+    for s, (qs, ks, vs) in enumerate(spans):                      # qs [Lq, H, D], ks, vs [Lk, H, D]
+        Lq, Lk = qs.shape[0], ks.shape[0]
+        if sigmoid_bias is None:
+            bias = torch.full((H,), -math.log(max(Lk, 1)), dtype=stat, device=q.device)
+        elif isinstance(sigmoid_bias, torch.Tensor):
+            bias = table[s]
+        else:
+            bias = torch.full((H,), float(sigmoid_bias), dtype=stat, device=q.device)
+        scores = torch.einsum("qhd,khd->hqk", qs.to(stat), ks.to(stat)) * scale + bias[:, None, None]
+        p = torch.sigmoid(scores)                                                             # [H, Lq, Lk]
+        if causal:
+            rows = torch.arange(Lq, device=q.device)[:, None]
+            seen = torch.arange(Lk, device=q.device)[None, :] <= rows + (Lk - Lq)
+            p = p * seen
+        outs.append(torch.einsum("hqk,khd->qhd", p, vs.to(stat)).to(q.dtype))
+    if cu_seqlens_q is not None:
+        return torch.cat(outs) if outs else q.new_zeros(q.shape)
+    padded = [torch.cat([o, o.new_zeros(q.shape[1] - o.shape[0], H, D)]) for o in outs]
+    return torch.stack(padded) if padded else q.new_zeros(q.shape)

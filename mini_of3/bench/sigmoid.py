@@ -1,0 +1,466 @@
+"""``python -m mini_of3.bench sigmoid``: sigmoid attention, ours against TritonSigmoid and softmax SDPA, one process.
+
+Shapes (``--shapes``, bf16, H = ``--heads`` = 16): ``b<B>t<T>d<D>`` dense [B, T, H, D] (suffix ``c``: causal), and
+``varlen<S>d<D>`` a batch of S sequences with lengths drawn uniformly (seed 0) from ``--varlen-range`` (500,16000).
+Implementations (``--impls``):
+    mini_of3        ours: dense shapes as [B, T, H, D], the varlen batch packed [total, H, D] with cu_seqlens
+    triton_sigmoid  TritonSigmoid: ``sigmoid_attention`` on dense shapes, ``sigmoid_attention_padded`` (padded to
+                    the longest sequence, with seq_lens) on the varlen batch; skipped with a note when not installed
+    cudnn, flash    softmax SDPA (``sdpa_kernel(CUDNN_ATTENTION / FLASH_ATTENTION)`` on [B, H, T, D] views), for
+                    reference: on the varlen batch they run the padded batch unmasked
+Per row: fwd and fwd+bwd ms (median of CUDA-event timings after warm-up, two input sets rotated; random inputs),
+TFLOP/s over real tokens only (forward 4 H D sum_s Lq_s Lk_s, halved for causal; forward+backward 3.5x), the error
+of o, dq, dk, dv against float64 (norm-relative, computed on the GPU per sequence in query chunks, on the first
+``--err-heads`` heads: ``err_heads`` in the row) for the sigmoid implementations, and ``bitwise``: three runs
+repeat o and every gradient bit for bit. Writes ``sigmoid[_TAG].json`` (DESIGN.md's schema) and ``.png`` into
+``--out`` and prints a table last.
+
+``--sweep`` instead times our kernels under several tile configurations and sigmoid evaluations on the given shapes
+(default b4t4096d64, b4t4096d128) and prints the best per shape as a ``Tiles(...)`` line for DEFAULT_TILES.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import re
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mini_of3.bench.common import elapsed_ms, package_versions, print_table, result_header, write_json
+from mini_of3.kernels import sigmoid_attention
+from mini_of3.kernels.sigmoid_attention_host import SIGMOID_VARIANTS, current_tiles, sigmoid_tiles
+
+IMPLS = ("mini_of3", "triton_sigmoid", "cudnn", "flash")
+DEFAULT_SHAPES = "b4t4096d64,b1t16384d64,b4t4096d128,b1t16384d128,varlen16d128"
+SWEEP_SHAPES = "b4t4096d64,b4t4096d128"
+NAMES = ("o", "dq", "dk", "dv")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# shapes and inputs
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One benchmark case: B sequences (dense: all of length T; varlen: ``lengths``), H heads of dim D."""
+    name: str
+    D: int
+    H: int
+    causal: bool
+    lengths: tuple[int, ...]
+    dense: bool
+
+    @property
+    def T(self) -> int:
+        return max(self.lengths)
+
+    @property
+    def B(self) -> int:
+        return len(self.lengths)
+
+    def flops_fwd(self) -> float:
+        pairs = sum(L * (L + 1) / 2 if self.causal else L * L for L in self.lengths)
+        return 4.0 * self.H * self.D * pairs
+
+
+def parse_shape(text: str, heads: int, varlen_range: tuple[int, int]) -> Shape:
+    dense = re.fullmatch(r"b(\d+)t(\d+)d(\d+)(c?)", text)
+    if dense:
+        B, T, D = map(int, dense.groups()[:3])
+        return Shape(text, D, heads, bool(dense.group(4)), (T,) * B, True)
+    varlen = re.fullmatch(r"varlen(\d+)d(\d+)(c?)", text)
+    if varlen:
+        S, D = int(varlen.group(1)), int(varlen.group(2))
+        g = torch.Generator().manual_seed(0)
+        lengths = torch.randint(varlen_range[0], varlen_range[1] + 1, (S,), generator=g).tolist()
+        return Shape(text, D, heads, bool(varlen.group(3)), tuple(lengths), False)
+    raise SystemExit(f"--shapes: expected b<B>t<T>d<D>[c] or varlen<S>d<D>[c], got {text!r}")
+
+
+def make_packed(shape: Shape, device: torch.device, seed: int) -> dict[str, torch.Tensor]:
+    """q, k, v, do packed [total, H, D] bf16 (random, never zeros) and cu_seqlens."""
+    g = torch.Generator(device).manual_seed(seed)
+    total = sum(shape.lengths)
+    q, k, v, do = (torch.randn(total, shape.H, shape.D, device=device, generator=g).to(torch.bfloat16)
+                   for _ in range(4))
+    cu = torch.tensor([0, *torch.tensor(shape.lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    return {"q": q, "k": k, "v": v, "do": do, "cu": cu}
+
+
+def padded(x: torch.Tensor, shape: Shape) -> torch.Tensor:
+    """[total, H, D] packed -> [B, T, H, D] with zero padding (a view for dense shapes)."""
+    if shape.dense:
+        return x.view(shape.B, shape.T, *x.shape[1:])
+    out = x.new_zeros(shape.B, shape.T, *x.shape[1:])
+    start = 0
+    for b, L in enumerate(shape.lengths):
+        out[b, :L] = x[start:start + L]
+        start += L
+    return out
+
+
+def packed(x: torch.Tensor, shape: Shape) -> torch.Tensor:
+    """[B, T, H, D] -> the valid rows packed [total, H, D]."""
+    if shape.dense:
+        return x.reshape(-1, *x.shape[2:])
+    return torch.cat([x[b, :L] for b, L in enumerate(shape.lengths)])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# implementations: each maps packed inputs to a call f(q, k, v) on its own layout, and its outputs back to packed
+
+
+@dataclass
+class Impl:
+    """``prepare(inputs)`` -> the tensors f takes (leaves); ``call(q, k, v)`` -> o; ``unpack(t)`` -> packed rows."""
+    prepare: Callable
+    call: Callable
+    unpack: Callable
+    sigmoid: bool
+
+
+def load_impl(name: str, shape: Shape, deterministic: bool = True) -> Impl:
+    """The implementation ``name`` for ``shape``; raises with a reason when it cannot run. ``deterministic``: ours
+    only (False: dq added atomically)."""
+    same = lambda t: t   # noqa: E731
+    if name == "mini_of3":
+        if shape.dense:
+            return Impl(lambda x: padded(x, shape),
+                        lambda q, k, v: sigmoid_attention(q, k, v, causal=shape.causal, deterministic=deterministic),
+                        lambda t: packed(t, shape), True)
+        extra = {}
+
+        def call(q, k, v):
+            return sigmoid_attention(q, k, v, cu_seqlens_q=extra["cu"], cu_seqlens_k=extra["cu"],
+                                     max_seqlen_q=shape.T, max_seqlen_k=shape.T, causal=shape.causal,
+                                     deterministic=deterministic)
+        impl = Impl(same, call, same, True)
+        impl.extra = extra
+        return impl
+    if name == "triton_sigmoid":
+        import triton_sigmoid   # noqa: F401  (raises ImportError or RuntimeError when it cannot run here)
+        if shape.dense:
+            return Impl(lambda x: padded(x, shape),
+                        lambda q, k, v: triton_sigmoid.sigmoid_attention(q, k, v, is_causal=shape.causal),
+                        lambda t: packed(t, shape), True)
+        lens = {}
+
+        def call(q, k, v):
+            return triton_sigmoid.sigmoid_attention_padded(q, k, v, seq_lens_k=lens["lens"], seq_lens_q=lens["lens"],
+                                                           is_causal=shape.causal)
+        impl = Impl(lambda x: padded(x, shape), call, lambda t: packed(t, shape), True)
+        impl.extra = lens
+        return impl
+    if name in ("cudnn", "flash"):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backend = SDPBackend.CUDNN_ATTENTION if name == "cudnn" else SDPBackend.FLASH_ATTENTION
+
+        def call(q, k, v):
+            with sdpa_kernel(backend):
+                o = torch.nn.functional.scaled_dot_product_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=shape.causal)
+            return o.transpose(1, 2)
+        return Impl(lambda x: padded(x, shape), call, lambda t: packed(t, shape), False)
+    raise ValueError(f"unknown implementation {name!r}")
+
+
+def bind(impl: Impl, inputs: dict, shape: Shape) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(leaves q, k, v on the implementation's layout, do on it)."""
+    if hasattr(impl, "extra"):
+        impl.extra["cu"] = inputs["cu"]
+        impl.extra["lens"] = torch.tensor(shape.lengths, dtype=torch.int32, device=inputs["q"].device)
+    leaves = [impl.prepare(inputs[n]).detach().requires_grad_(True) for n in ("q", "k", "v")]
+    return leaves, impl.prepare(inputs["do"])
+
+
+def forward_backward(impl: Impl, leaves, do) -> list[torch.Tensor]:
+    o = impl.call(*leaves)
+    return [o.detach(), *torch.autograd.grad(o, leaves, do)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# float64 truth, in query chunks
+
+
+def float64_reference(inputs: dict, shape: Shape, heads: int, chunk: int = 1024) -> list[torch.Tensor]:
+    """o, dq, dk, dv [total, heads, D] float64 for the first ``heads`` heads, with b = -log(keys) and scale
+    1/sqrt(D): per sequence and chunk of queries, so that T = 16384 fits (scores [heads, chunk, T])."""
+    q, k, v, do = (inputs[n][:, :heads].double() for n in ("q", "k", "v", "do"))
+    scale = 1.0 / math.sqrt(shape.D)
+    out = [torch.zeros_like(q) for _ in range(4)]
+    start = 0
+    for L in shape.lengths:
+        rows = slice(start, start + L)
+        ks, vs = k[rows], v[rows]                                                       # [L, h, D]
+        bias = -math.log(max(L, 1))
+        for c0 in range(0, L, chunk):
+            c = slice(start + c0, start + min(c0 + chunk, L))
+            qc, doc = q[c], do[c]                                                       # [c, h, D]
+            p = torch.sigmoid(torch.einsum("qhd,khd->hqk", qc, ks) * scale + bias)      # [h, c, L]
+            if shape.causal:
+                seen = torch.arange(L, device=q.device)[None, :] <= torch.arange(c0, c0 + qc.shape[0],
+                                                                                   device=q.device)[:, None]
+                p = p * seen
+            ds = torch.einsum("qhd,khd->hqk", doc, vs) * p * (1 - p) * scale
+            out[0][c] = torch.einsum("hqk,khd->qhd", p, vs)
+            out[1][c] = torch.einsum("hqk,khd->qhd", ds, ks)
+            out[2][rows] += torch.einsum("hqk,qhd->khd", ds, qc)
+            out[3][rows] += torch.einsum("hqk,qhd->khd", p, doc)
+            del p, ds
+        start += L
+    return out
+
+
+def errors(got: list[torch.Tensor], ref: list[torch.Tensor], impl: Impl, heads: int) -> dict[str, float]:
+    """Norm-relative error of o, dq, dk, dv (packed, first ``heads`` heads) against float64."""
+    result = {}
+    for name, g, r in zip(NAMES, got, ref):
+        g = impl.unpack(g)[:, :heads].double()
+        result[name] = ((g - r).norm() / r.norm()).item()
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# timing
+
+
+def median_ms(fn: Callable[[int], object], device: torch.device, reps: int, warmup: int) -> float:
+    """Median of ``reps`` timings of ``fn(r)`` (CUDA events on a GPU), after ``warmup`` calls; r counts the calls."""
+    for r in range(warmup):
+        fn(r)
+    times = sorted(elapsed_ms(lambda r=r: fn(r), device) for r in range(reps))
+    return times[len(times) // 2]
+
+
+def bench_impl(name: str, shape: Shape, sets: list[dict], reference: list[torch.Tensor] | None, args,
+               device: torch.device) -> dict:
+    """One row: times, TFLOP/s, errors and the bitwise flag of one implementation on one shape."""
+    row = {"impl": name, "shape": shape.name, "T": shape.T, "D": shape.D, "B": shape.B, "H": shape.H,
+           "dtype": "bf16", "causal": shape.causal, "layout": "dense" if shape.dense else "varlen",
+           "tokens": sum(shape.lengths)}
+    if name == "triton_sigmoid" and not shape.dense:
+        row["layout"] = "padded"
+    if name in ("cudnn", "flash"):
+        row["note"] = "softmax attention" + ("" if shape.dense else ", the padded batch unmasked")
+    try:
+        impl = load_impl(name, shape)
+        bound = [bind(impl, s, shape) for s in sets]
+
+        def fwd(r):
+            leaves, _ = bound[r % len(bound)]
+            with torch.no_grad():
+                impl.call(*leaves)
+
+        def fwdbwd(r):
+            forward_backward(impl, *bound[r % len(bound)])
+        row["fwd_ms"] = median_ms(fwd, device, args.reps, args.warmup)
+        row["fwdbwd_ms"] = median_ms(fwdbwd, device, args.reps, args.warmup)
+    except Exception as err:   # a missing or failing implementation is reported in its row, not fatal
+        row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+        if not isinstance(err, (ImportError, RuntimeError)):
+            traceback.print_exc(limit=3)
+        return row
+    flops = shape.flops_fwd()
+    row["tflops_fwd"] = flops / row["fwd_ms"] / 1e9
+    row["tflops_fwdbwd"] = 3.5 * flops / row["fwdbwd_ms"] / 1e9
+    if impl.sigmoid and reference is not None:
+        runs = [forward_backward(impl, *bound[0]) for _ in range(3)]
+        row["err"] = errors(runs[0], reference, impl, args.err_heads)
+        row["err_heads"] = args.err_heads
+        row["bitwise"] = all(torch.equal(a, b) for other in runs[1:] for a, b in zip(runs[0], other))
+    return row
+
+
+def bench_shape(shape: Shape, names: list[str], args, device: torch.device) -> list[dict]:
+    sets = [make_packed(shape, device, seed) for seed in range(2)]
+    reference = float64_reference(sets[0], shape, args.err_heads) if args.err_heads > 0 else None
+    rows = []
+    for name in names:
+        t0 = time.time()
+        rows.append(bench_impl(name, shape, sets, reference, args, device))
+        print(f"{shape.name} {name}: {time.time() - t0:.0f} s", flush=True)
+    del sets, reference
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tile sweep
+
+
+FWD_CANDIDATES = [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3),
+                  (64, 32, 4, 3), (128, 128, 8, 3)]
+DKDV_CANDIDATES = [(64, 128, 8, 3), (32, 128, 8, 3), (64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3),
+                   (32, 64, 4, 3), (16, 128, 4, 3)]
+DQ_CANDIDATES = [(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3),
+                 (64, 32, 4, 3), (128, 128, 8, 2)]
+
+
+def _fields(kernel: str, config: tuple[int, int, int, int]) -> dict:
+    return dict(zip((f"{kernel}_block_m", f"{kernel}_block_n", f"{kernel}_warps", f"{kernel}_stages"), config))
+
+
+def sweep_shape(shape: Shape, args, device: torch.device) -> list[dict]:
+    """Rows of the sweep on one shape: each sigmoid evaluation at the default tiles (with its error), then the
+    candidates of each kernel (the others at their defaults, the fastest accurate evaluation), then the best of
+    each combined, deterministic and with the atomic dq; the best printed as a ``Tiles(...)`` line."""
+    sets = [make_packed(shape, device, seed) for seed in range(2)]
+    reference = float64_reference(sets[0], shape, args.err_heads) if args.err_heads > 0 else None
+    impls = {flag: load_impl("mini_of3", shape, deterministic=flag) for flag in (True, False)}
+    bound = [bind(impls[True], s, shape) for s in sets]
+
+    def measure(fields: dict, deterministic: bool = True) -> dict:
+        impl = impls[deterministic]
+
+        def fwd(r):
+            with torch.no_grad():
+                impl.call(*bound[r % 2][0])
+
+        row = {"shape": shape.name, "D": shape.D, "fields": fields, "deterministic": deterministic}
+        try:
+            with sigmoid_tiles(**fields):
+                row["fwd_ms"] = median_ms(fwd, device, args.reps, args.warmup)
+                row["fwdbwd_ms"] = median_ms(lambda r: forward_backward(impl, *bound[r % 2]), device, args.reps,
+                                             args.warmup)
+                if reference is not None and ("sigmoid" in fields and len(fields) == 1 or not deterministic):
+                    row["err"] = errors(forward_backward(impl, *bound[0]), reference, impl, args.err_heads)
+        except Exception as err:   # a configuration that does not fit (shared memory, registers) is reported
+            row["error"] = f"{type(err).__name__}: {str(err)[:200]}"
+        print(" ", {k: v for k, v in row.items() if k not in ("shape", "D")}, flush=True)
+        return row
+
+    default = current_tiles(shape.D, torch.bfloat16)
+    rows = [measure({"sigmoid": variant}) for variant in SIGMOID_VARIANTS]
+    best = {"sigmoid": _fastest(rows, "fwdbwd_ms", lambda r: r["fields"]["sigmoid"] != "tanh", default.sigmoid)}
+    for kernel, candidates, key in (("fwd", FWD_CANDIDATES, "fwd_ms"), ("dkdv", DKDV_CANDIDATES, "fwdbwd_ms"),
+                                    ("dq", DQ_CANDIDATES, "fwdbwd_ms")):
+        kernel_rows = [measure({**_fields(kernel, c), "sigmoid": best["sigmoid"]}) for c in candidates]
+        rows += kernel_rows
+        fallback = {f: getattr(default, f) for f in _fields(kernel, (0, 0, 0, 0))}
+        best.update(_fastest(kernel_rows, key, None, fallback, kernel))
+    combined, atomic = measure(dict(best)), measure(dict(best), deterministic=False)
+    rows += [combined, atomic]
+    tiles = dataclasses.replace(default, **best)
+    print(f"\nbest for {shape.name}: {tiles}\n  fwd {combined.get('fwd_ms')} ms, fwd+bwd {combined.get('fwdbwd_ms')} "
+          f"ms; with the atomic dq: fwd+bwd {atomic.get('fwdbwd_ms')} ms", flush=True)
+    for row in rows:
+        row["best"] = dataclasses.asdict(tiles)
+    return rows
+
+
+def _fastest(rows: list[dict], key: str, keep, fallback, kernel: str | None = None):
+    """Of the rows that ran (and pass ``keep``), the fastest one's sigmoid, or (``kernel``) its tile fields."""
+    ok = [r for r in rows if key in r and (keep is None or keep(r))]
+    if not ok:
+        return fallback
+    fields = min(ok, key=lambda r: r[key])["fields"]
+    if kernel is None:
+        return fields["sigmoid"]
+    return {f: fields[f] for f in _fields(kernel, (0, 0, 0, 0))}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# figure, arguments, main
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """ms per shape per implementation: forward and forward+backward side by side, log scale."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
+    width = 0.8 / max(len(impls), 1)
+    for ax, key, title in ((axes[0], "fwd_ms", "forward"), (axes[1], "fwdbwd_ms", "forward + backward")):
+        for j, name in enumerate(impls):
+            values = [next((r.get(key) for r in rows if r["shape"] == s and r["impl"] == name), None)
+                      for s in shapes]
+            values = [math.nan if v is None else v for v in values]
+            ax.bar([i + j * width for i in range(len(shapes))], values, width, label=name, color=f"C{j}")
+        ax.set_xticks([i + width * (len(impls) - 1) / 2 for i in range(len(shapes))], shapes, fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("ms (median)")
+        ax.set_title(f"sigmoid attention, {title} (bf16, H={rows[0]['H']})", fontsize=10)
+        ax.grid(alpha=0.3, axis="y", which="both")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None):
+    parser = argparse.ArgumentParser(prog="python -m mini_of3.bench sigmoid", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default=None, help=f"default {DEFAULT_SHAPES} (--sweep: {SWEEP_SHAPES})")
+    parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--varlen-range", default="500,16000", help="shortest,longest sequence of varlen shapes")
+    parser.add_argument("--err-heads", type=int, default=4, help="heads checked against float64 (0: none)")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--sweep", action="store_true", help="tune our tiles and sigmoid evaluation instead")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions, errors on one head")
+    parser.add_argument("--out", default="bench_results")
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.reps, args.warmup, args.err_heads = min(args.reps, 5), min(args.warmup, 2), min(args.err_heads, 1)
+    try:
+        low, high = (int(x) for x in args.varlen_range.split(","))
+    except ValueError:
+        raise SystemExit(f"--varlen-range: expected two integers low,high, got {args.varlen_range!r}") from None
+    if not 1 <= low <= high:
+        raise SystemExit(f"--varlen-range: expected 1 <= low <= high, got {args.varlen_range!r}")
+    args.impl_names = [i for i in args.impls.split(",") if i]
+    if not args.impl_names or any(i not in IMPLS for i in args.impl_names):
+        raise SystemExit(f"--impls: expected some of {list(IMPLS)}, got {args.impls!r}")
+    if args.reps < 1 or args.warmup < 0 or args.heads < 1 or not 0 <= args.err_heads <= args.heads:
+        raise SystemExit("--reps >= 1, --warmup >= 0, --heads >= 1 and 0 <= --err-heads <= --heads expected")
+    shapes = args.shapes or (SWEEP_SHAPES if args.sweep else DEFAULT_SHAPES)
+    args.shape_list = [parse_shape(s, args.heads, (low, high)) for s in shapes.split(",") if s]
+    if not args.shape_list:
+        raise SystemExit("--shapes: expected at least one shape")
+    return args
+
+
+ROW_COLUMNS = [("impl", "impl", "s"), ("shape", "shape", "s"), ("fwd_ms", "fwd ms", ".3f"),
+               ("fwdbwd_ms", "fwd+bwd ms", ".3f"), ("tflops_fwd", "TFLOP/s fwd", ".0f"),
+               ("tflops_fwdbwd", "TFLOP/s f+b", ".0f"), ("err_o", "err o", ".1e"), ("err_dq", "err dq", ".1e"),
+               ("err_dk", "err dk", ".1e"), ("err_dv", "err dv", ".1e"), ("bitwise", "bitwise", "")]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    out = Path(args.out)
+    versions = package_versions(["triton-sigmoid"])
+    result = result_header("sigmoid", versions)
+    stem = "sigmoid" + ("_sweep" if args.sweep else "") + (f"_{args.tag}" if args.tag else "")
+    for shape in args.shape_list:
+        rows = sweep_shape(shape, args, device) if args.sweep else bench_shape(shape, args.impl_names, args, device)
+        result["rows"].extend(rows)
+        write_json(result, out / f"{stem}.json")
+    if args.sweep:
+        print(f"\nwrote {out / (stem + '.json')}")
+        return
+    plot(result["rows"], out / f"{stem}.png")
+    for row in result["rows"]:
+        if "error" in row:
+            print(f"{row['impl']} {row['shape']}: {row['error'][:200]}")
+    table = [dict(r, **{f"err_{k}": v for k, v in r.get("err", {}).items()}) for r in result["rows"]]
+    print(f"\ndevice {result['device']}, torch {result['torch']}, triton {result['triton']}, {versions}; "
+          f"errors against float64 on {args.err_heads} of {args.heads} heads")
+    print_table(table, ROW_COLUMNS)
+    print(f"wrote {out / (stem + '.json')} and {out / (stem + '.png')}")
+
+
+if __name__ == "__main__":
+    main()

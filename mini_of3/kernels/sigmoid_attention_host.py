@@ -1,0 +1,168 @@
+"""The launch layer of sigmoid attention: tiles per head dim, their override, and the launchers.
+
+    forward(q, k, v, seq_q, seq_k, bias, layout, max_q, max_k, causal, scale, bias_value) -> o
+    backward(do, q, k, v, seq_q, seq_k, bias, layout, max_q, max_k, causal, scale, bias_value, deterministic)
+        -> dq, dk, dv
+
+layout is "dense" (seq_q, seq_k None), "padded" (lengths [B]) or "varlen" (cu_seqlens [S + 1]); bias is a float32
+[S, H] table or None, bias_value a float or None (both None: b = -log(valid keys)). The kernels and their launch
+order: sigmoid_attention_kernels.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from mini_of3.kernels import sigmoid_attention_kernels as K
+from mini_of3.kernels.host import TileOverride, allocate, interpreting, launch
+
+SIGMOID_VARIANTS = ("exact", "rcp", "newton2", "newton3", "tanh")
+
+# ---------------------------------------------------------------------------------------------------------------
+# tiles
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Launch configuration of the three kernels (BLOCK_M: queries, BLOCK_N: keys) and the sigmoid's evaluation
+    (sigmoid_attention_kernels.py: "exact", "rcp", "newton2", "newton3", "tanh")."""
+    fwd_block_m: int
+    fwd_block_n: int
+    fwd_warps: int
+    fwd_stages: int
+    dkdv_block_m: int
+    dkdv_block_n: int
+    dkdv_warps: int
+    dkdv_stages: int
+    dq_block_m: int
+    dq_block_n: int
+    dq_warps: int
+    dq_stages: int
+    sigmoid: str
+
+
+# 16-bit inputs on the GPU, per head dim: tiles under which no kernel spills registers for sm_90 (ptxas, triton 3.9),
+# 8 warps (two warpgroups of 64 rows) for 128-row tiles; not yet timed against the alternatives that
+# `python -m mini_of3.bench sigmoid --sweep` measures
+DEFAULT_TILES = {
+    32: Tiles(128, 64, 8, 3, 64, 128, 8, 3, 128, 64, 8, 3, "newton2"),
+    64: Tiles(128, 64, 8, 3, 64, 128, 8, 3, 128, 64, 8, 3, "newton2"),
+    128: Tiles(128, 64, 8, 3, 32, 128, 8, 3, 128, 64, 8, 2, "newton2"),
+}
+# float32 inputs (a checking path: 3xTF32 products, exact sigmoid; small tiles fit shared memory at D = 128)
+FLOAT32_TILES = Tiles(32, 32, 4, 1, 32, 32, 4, 1, 32, 32, 4, 1, "exact")
+# the CPU interpreter: small, unequal blocks, so that tests of a few dozen tokens cross several of each
+INTERPRETER_TILES = Tiles(32, 16, 4, 1, 16, 32, 4, 1, 16, 16, 4, 1, "newton2")
+
+sigmoid_tiles = TileOverride("sigmoid_tiles", Tiles)
+"""``with sigmoid_tiles(fwd_block_n=128, sigmoid="rcp"):`` these fields (any Tiles field) instead of the defaults, for
+every call meanwhile, backward included; the benchmark's sweep tunes this way."""
+
+
+@sigmoid_tiles.cached
+def current_tiles(head_dim: int, dtype: torch.dtype) -> Tiles:
+    """The tiles a call with this head dim and dtype launches with now."""
+    if interpreting():
+        base = INTERPRETER_TILES if dtype != torch.float32 else dataclasses.replace(INTERPRETER_TILES,
+                                                                                   sigmoid="exact")
+    else:
+        base = FLOAT32_TILES if dtype == torch.float32 else DEFAULT_TILES[head_dim]
+    tiles = sigmoid_tiles.apply(base)
+    if tiles.sigmoid not in SIGMOID_VARIANTS:
+        raise ValueError(f"sigmoid_tiles: sigmoid must be one of {SIGMOID_VARIANTS}, got {tiles.sigmoid!r}")
+    return tiles
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# launch layer
+
+
+def _token_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """(sequence, token, head) strides; a packed [total, H, D] tensor has no sequence stride."""
+    return tuple(t.stride()[:3]) if t.dim() == 4 else (0, *t.stride()[:2])
+
+
+def _common_args(q: torch.Tensor, k: torch.Tensor, seq_q, seq_k, bias, layout: str, causal: bool,
+                 bias_value: float | None, tiles: Tiles):
+    """(number of sequences, bias arguments, flags) shared by the three kernels."""
+    n_seq = seq_q.numel() - 1 if layout == "varlen" else q.shape[0]
+    bias_args = (bias, *bias.stride()) if bias is not None else (q, 0, 0)
+    kind = "tensor" if bias is not None else ("scalar" if bias_value is not None else "keys")
+    flags = dict(LAYOUT=layout, CAUSAL=causal, BIAS_KIND=kind, SIGMOID=tiles.sigmoid,
+                 ASM=q.is_cuda and not interpreting(), DOT_PREC=_dot_precision(q.dtype), HEAD_DIM=q.shape[-1])
+    return n_seq, bias_args, flags
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    if interpreting():
+        return "upcast"
+    return "tf32x3" if dtype == torch.float32 else "tf32"    # 16-bit inputs ignore it
+
+
+def _lengths(q: torch.Tensor, k: torch.Tensor, layout: str) -> tuple[int, int]:
+    """Tq, Tk of the padded/dense layouts (unused by varlen)."""
+    return (0, 0) if layout == "varlen" else (q.shape[1], k.shape[1])
+
+
+def forward(q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: int, causal: bool, scale: float,
+            bias_value: float | None) -> torch.Tensor:
+    """o (q's shape, contiguous) by _fwd."""
+    tiles = current_tiles(q.shape[-1], q.dtype)
+    o = allocate(q.shape, q.dtype, q.device)
+    n_seq, (bias_ptr, sb_s, sb_h), flags = _common_args(q, k, seq_q, seq_k, bias, layout, causal, bias_value, tiles)
+    grid = (triton_cdiv(max_q, tiles.fwd_block_m), q.shape[-2], n_seq)
+    if min(grid) == 0:
+        return o
+    launch(K._fwd, grid, q, k, v, o, _or(seq_q, q), _or(seq_k, q), bias_ptr,
+           *_token_strides(q), *_token_strides(k), *_token_strides(v), *_token_strides(o), sb_s, sb_h,
+           _float(bias_value), *_lengths(q, k, layout), scale, **flags,
+           BLOCK_M=tiles.fwd_block_m, BLOCK_N=tiles.fwd_block_n, num_warps=tiles.fwd_warps,
+           num_stages=tiles.fwd_stages)
+    return o
+
+
+def backward(do, q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: int, causal: bool, scale: float,
+             bias_value: float | None, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv (the inputs' shapes, contiguous) by _bwd_dkdv, then _bwd_dq; ``deterministic=False`` adds dq
+    atomically in _bwd_dkdv instead (float32 buffer, one cast)."""
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    tiles = current_tiles(q.shape[-1], q.dtype)
+    n_seq, (bias_ptr, sb_s, sb_h), flags = _common_args(q, k, seq_q, seq_k, bias, layout, causal, bias_value, tiles)
+    H = q.shape[-2]
+    dk = allocate(k.shape, k.dtype, k.device)
+    dv = allocate(v.shape, v.dtype, v.device)
+    dq_acc = q.new_zeros(q.shape, dtype=torch.float32) if not deterministic else None
+    common = (_or(seq_q, q), _or(seq_k, q), bias_ptr)
+    strides = (*_token_strides(q), *_token_strides(k), *_token_strides(v), *_token_strides(do))
+    tail = (sb_s, sb_h, _float(bias_value), *_lengths(q, k, layout), scale)
+    grid = (triton_cdiv(max_k, tiles.dkdv_block_n), H, n_seq)
+    if min(grid) > 0:
+        launch(K._bwd_dkdv, grid, q, k, v, do, dk, dv, _or(dq_acc, q), *common, *strides, *_token_strides(dk),
+               *_token_strides(_or(dq_acc, q)), *tail, **flags, ATOMIC_DQ=not deterministic,
+               BLOCK_M=tiles.dkdv_block_m, BLOCK_N=tiles.dkdv_block_n, num_warps=tiles.dkdv_warps,
+               num_stages=tiles.dkdv_stages)
+    if not deterministic:
+        return dq_acc.to(q.dtype), dk, dv
+    dq = allocate(q.shape, q.dtype, q.device)
+    grid = (triton_cdiv(max_q, tiles.dq_block_m), H, n_seq)
+    if min(grid) > 0:
+        launch(K._bwd_dq, grid, q, k, v, do, dq, *common, *strides, *_token_strides(dq), *tail, **flags,
+               BLOCK_M=tiles.dq_block_m, BLOCK_N=tiles.dq_block_n, num_warps=tiles.dq_warps,
+               num_stages=tiles.dq_stages)
+    return dq, dk, dv
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _or(t: torch.Tensor | None, fallback: torch.Tensor) -> torch.Tensor:
+    """t, or any tensor standing in for an absent pointer argument (never read)."""
+    return fallback if t is None else t
+
+
+def _float(x: float | None) -> float:
+    return 0.0 if x is None else float(x)

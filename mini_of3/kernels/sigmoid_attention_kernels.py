@@ -1,0 +1,377 @@
+"""Triton kernels of sigmoid attention over dense, padded or packed variable-length sequences.
+
+    o_i = sum_{k valid} sigmoid(scale * q_i . k_k + b) v_k,   b one scalar per (sequence, head)
+
+One kernel set serves the three layouts. A sequence s is (first token, length) along its tensor's token axis:
+dense [B, T, H, D]: (0, T) at batch offset s * stride_b; padded: (0, SEQ[s]); packed varlen [total, H, D]: (SEQ[s],
+SEQ[s+1] - SEQ[s]) with stride_b = 0. LAYOUT picks how SEQ is read; nothing else differs. Causal masking is aligned
+bottom-right: query i of a sequence with Lq queries and Lk keys sees the keys k <= i + Lk - Lq.
+
+Launch order of the default path, each kernel's grid and what it reads and writes:
+    _fwd        grid (query blocks of max_seqlen_q, H, S); reads q, k, v; writes o.
+    _bwd_dkdv   grid (key blocks of max_seqlen_k, H, S); reads q, k, v, dO; writes dk, dv (ATOMIC_DQ: also adds
+                dq into a float32 buffer, atomically: the fast, non-deterministic option).
+    _bwd_dq     grid (query blocks of max_seqlen_q, H, S); reads q, k, v, dO; writes dq (not launched with ATOMIC_DQ).
+Programs past their sequence's length do no work (padded layout: they write its zero rows). No statistics cross
+kernels: sigmoid has no row max or normaliser, so the backward needs neither lse nor delta; dS = dP sigma (1 - sigma).
+Without ATOMIC_DQ every output element is written by one program and every sum runs in a fixed order: results repeat
+bitwise.
+
+Where the time goes (H100, per score element; tensor cores ~4096 FLOP/clk/SM in bf16, the special-function unit
+MUFU ~16 ops/clk/SM, the FP32 pipe 128 ops/clk/SM): the forward's two products cost 4 D FLOP = 0.125 clk at
+D = 128 and 0.0625 clk at D = 64, while one MUFU op costs 0.0625 clk and each FP32 op 0.008 clk. So the sigmoid's
+evaluation is as expensive as the matmuls, and SIGMOID selects it:
+    "exact"    2^-|z| (tl.exp2) and an IEEE division: the CPU interpreter's path and the float32 inputs'.
+    "rcp"      1 / (1 + 2^-z) by ex2.approx and rcp.approx: 2 MUFU ops, ~3 FP32 ops; relative error ~1e-7.
+    "newton2"  e = 2^-|z| by ex2.approx (1 MUFU op), 1 / (1 + e) on the FP32 pipe by a linear guess and 2 Newton steps
+               (relative error 1.2e-5, one-sided), sigma = r or e r by the sign of z: ~9 FP32 ops.
+    "newton3"  the same with 3 Newton steps (float32-exact, ~11 FP32 ops).
+    "tanh"     0.5 + 0.5 tanh.approx(x / 2), as TritonSigmoid: 1 MUFU op, but tanh.approx's error (~2^-11 relative
+               to tanh) is an absolute error of up to ~2.4e-4 on sigma, large against the small sigmoids that
+               b = -log(n) makes typical (n = 16384: sigma ~ 6e-5); never a default.
+z = x log2(e) (x / 2 for "tanh") enters as one FMA of the raw score, scale and b folded into its two coefficients.
+ASM (GPU only) issues the PTX approximations; the interpreter evaluates "newton2"/"newton3" as written (tl.exp2 for
+ex2.approx) and "rcp"/"tanh" exactly, as "exact". Masks cost only
+where needed: each loop is split into blocks with no mask at all and boundary blocks (the causal diagonal, the last
+partial block), and blocks wholly past a length or above the diagonal are skipped. Masked scores are zeroed after
+the sigmoid (tl.where), so no -inf ever meets an inf and nothing can become NaN; padded rows load as zeros.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from mini_of3.kernels.primitives import dot
+
+LOG2E = tl.constexpr(1.4426950408889634)
+# 1 / y on y in [1, 2]: the linear minimax guess 24/17 - 8/17 y has relative error <= 1/17; each Newton step
+# r <- r (2 - y r) squares it: 3.5e-3, 1.2e-5, 1.4e-10
+RCP_GUESS_C0 = tl.constexpr(24.0 / 17.0)
+RCP_GUESS_C1 = tl.constexpr(-8.0 / 17.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# device helpers
+
+
+@triton.jit
+def _span(SEQ, s, T, LAYOUT: tl.constexpr):
+    """(first token, length) of sequence s along the token axis: dense (0, T), padded (0, SEQ[s]), varlen
+    (SEQ[s], SEQ[s+1] - SEQ[s])."""
+    if LAYOUT == "varlen":
+        start = tl.load(SEQ + s)
+        length = tl.load(SEQ + s + 1) - start
+    elif LAYOUT == "padded":
+        start = s * 0
+        length = tl.load(SEQ + s)
+    else:
+        start = s * 0
+        length = s * 0 + T
+    return start, length
+
+
+@triton.jit
+def _base(PTR, s, start, h, s_b, s_t, s_h):
+    """Pointer to token 0 of sequence s, head h (64-bit offset)."""
+    return PTR + (tl.cast(s, tl.int64) * s_b + tl.cast(start, tl.int64) * s_t + tl.cast(h, tl.int64) * s_h)
+
+
+@triton.jit
+def _coefficients(BIAS, s, h, sb_s, sb_h, bias_value, Lk, scale, BIAS_KIND: tl.constexpr, SIGMOID: tl.constexpr):
+    """(mul, add) with which the raw score q.k becomes the argument of _sigmoid in one FMA: z = x log2(e) (x / 2 for
+    "tanh"), x = scale q.k + b. b: -log(max(Lk, 1)) ("keys"), bias_value ("scalar") or BIAS[s, h] ("tensor")."""
+    if BIAS_KIND == "keys":
+        bias = -tl.log(tl.maximum(Lk, 1).to(tl.float32))
+    elif BIAS_KIND == "scalar":
+        bias = bias_value
+    else:
+        bias = tl.load(BIAS + tl.cast(s, tl.int64) * sb_s + h * sb_h)
+    if SIGMOID == "tanh":
+        return scale * 0.5, bias * 0.5
+    else:
+        return scale * LOG2E, bias * LOG2E
+
+
+@triton.jit
+def _ex2(x, ASM: tl.constexpr):
+    if ASM:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.exp2(x)
+
+
+@triton.jit
+def _sigmoid(z, SIGMOID: tl.constexpr, ASM: tl.constexpr):
+    """sigmoid of the argument z that _coefficients prepared (see the module docstring for the variants)."""
+    if SIGMOID == "tanh":
+        if ASM:
+            t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [z], dtype=tl.float32,
+                                          is_pure=True, pack=1)
+            return 0.5 + 0.5 * t
+        else:        # sigmoid(2 z), exactly
+            e = tl.exp2(tl.abs(z) * -2.0 * LOG2E)
+            r = 1.0 / (1.0 + e)
+            return tl.where(z >= 0, r, e * r)
+    elif SIGMOID == "rcp" and ASM:
+        y = 1.0 + _ex2(-z, True)                 # +inf for z < -128: rcp gives 0
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [y], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    elif SIGMOID == "newton2" or SIGMOID == "newton3":
+        e = _ex2(-tl.abs(z), ASM)                # (0, 1]
+        y = 1.0 + e                              # [1, 2]
+        r = y * RCP_GUESS_C1 + RCP_GUESS_C0
+        r = r * (2.0 - y * r)
+        r = r * (2.0 - y * r)
+        if SIGMOID == "newton3":
+            r = r * (2.0 - y * r)
+        return tl.where(z >= 0, r, e * r)
+    else:            # "exact", and "rcp" in the interpreter
+        e = tl.exp2(-tl.abs(z))
+        r = 1.0 / (1.0 + e)
+        return tl.where(z >= 0, r, e * r)
+
+
+@triton.jit
+def _key_blocks(m0, Lq, Lk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """The keys a query block [m0, m0 + BLOCK_M) needs: [0, full_end) in whole blocks that need no mask, then
+    [full_end, end) in blocks that do (the causal diagonal, the last partial block). Nothing past Lq."""
+    if CAUSAL:
+        end = tl.minimum(Lk, m0 + BLOCK_M + Lk - Lq)        # one past the last key its last row sees
+        unmasked = tl.minimum(Lk, m0 + 1 + Lk - Lq)         # keys its first row sees
+    else:
+        end = Lk
+        unmasked = Lk
+    end = tl.where(m0 < Lq, tl.maximum(end, 0), 0)
+    full_end = tl.minimum(tl.maximum(unmasked, 0) // BLOCK_N * BLOCK_N, end)
+    return full_end, end
+
+
+@triton.jit
+def _query_blocks(n0, Lq, Lk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """The queries that see a key block [n0, n0 + BLOCK_N): masked blocks [start, full_start) (causal diagonal),
+    unmasked [full_start, full_end), a masked tail [full_end, end) (the last partial query block). Nothing past Lk."""
+    lq = tl.where(n0 < Lk, Lq, 0)
+    full_end = lq // BLOCK_M * BLOCK_M
+    end = (lq + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    if CAUSAL:
+        first = tl.minimum(tl.maximum(n0 - (Lk - Lq), 0), lq)                 # first query seeing key n0
+        start = first // BLOCK_M * BLOCK_M
+        all_seen = tl.minimum(tl.maximum(n0 + BLOCK_N - 1 - (Lk - Lq), 0), lq)  # from here every key is seen
+        full_start = tl.maximum(tl.minimum((all_seen + BLOCK_M - 1) // BLOCK_M * BLOCK_M, full_end), start)
+    else:
+        start = lq * 0
+        full_start = start
+    return start, full_start, full_end, end
+
+
+@triton.jit
+def _load_rows(base, offs, offs_d, s_t, n_rows, MASKED: tl.constexpr):
+    """[len(offs), D] rows offs of a sequence; MASKED: rows >= n_rows read as 0."""
+    ptrs = base + offs[:, None] * s_t + offs_d[None, :]
+    if MASKED:
+        return tl.load(ptrs, mask=offs[:, None] < n_rows, other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def _scores_seen(offs_m, offs_n, Lq, Lk, CAUSAL: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] True where query offs_m sees key offs_n (both valid; causal bottom-right)."""
+    seen = (offs_m[:, None] < Lq) & (offs_n[None, :] < Lk)
+    if CAUSAL:
+        seen = seen & (offs_n[None, :] <= offs_m[:, None] + (Lk - Lq))
+    return seen
+
+
+@triton.jit
+def _scores_seen_t(offs_n, offs_m, Lq, Lk, CAUSAL: tl.constexpr):
+    """_scores_seen transposed: [BLOCK_N, BLOCK_M]."""
+    seen = (offs_n[:, None] < Lk) & (offs_m[None, :] < Lq)
+    if CAUSAL:
+        seen = seen & (offs_n[:, None] <= offs_m[None, :] + (Lk - Lq))
+    return seen
+
+
+@triton.jit
+def _store_rows(base, offs, offs_d, s_t, value, n_valid, n_store):
+    """Rows offs of value: rows < n_valid as computed, rows in [n_valid, n_store) as zeros (padding)."""
+    value = tl.where(offs[:, None] < n_valid, value, 0.0)
+    tl.store(base + offs[:, None] * s_t + offs_d[None, :], value, mask=offs[:, None] < n_store)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# forward
+
+
+@triton.jit
+def _fwd_block(acc, q, k_base, v_base, offs_m, offs_n, offs_d, sk_t, sv_t, Lq, Lk, mul, add,
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, SIGMOID: tl.constexpr, ASM: tl.constexpr,
+               DOT_PREC: tl.constexpr):
+    """acc + sigmoid(q k^T) v over one key block [BLOCK_N] (MASKED: a boundary block)."""
+    k = _load_rows(k_base, offs_n, offs_d, sk_t, Lk, MASKED)                                # [BN, D]
+    v = _load_rows(v_base, offs_n, offs_d, sv_t, Lk, MASKED)                                # [BN, D]
+    p = _sigmoid(dot(q, tl.trans(k), DOT_PREC) * mul + add, SIGMOID, ASM)                  # [BM, BN]
+    if MASKED:
+        p = tl.where(_scores_seen(offs_m, offs_n, Lq, Lk, CAUSAL), p, 0.0)
+    return dot(p.to(v.dtype), v, DOT_PREC, acc)
+
+
+@triton.jit
+def _fwd(Q, K, V, O, SEQ_Q, SEQ_K, BIAS,
+         sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, so_b, so_t, so_h, sb_s, sb_h, bias_value,
+         Tq, Tk, scale,
+         LAYOUT: tl.constexpr, CAUSAL: tl.constexpr, BIAS_KIND: tl.constexpr, SIGMOID: tl.constexpr,
+         ASM: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+         HEAD_DIM: tl.constexpr):
+    """o of one query block of one (sequence, head). Causal grids run the longest blocks (the last) first."""
+    mb = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    if CAUSAL:
+        mb = tl.num_programs(0) - 1 - mb
+    q_start, Lq = _span(SEQ_Q, s, Tq, LAYOUT)
+    k_start, Lk = _span(SEQ_K, s, Tk, LAYOUT)
+    m0 = mb * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_nt = tl.arange(0, BLOCK_N)
+    k_base = _base(K, s, k_start, h, sk_b, sk_t, sk_h)
+    v_base = _base(V, s, k_start, h, sv_b, sv_t, sv_h)
+    q = _load_rows(_base(Q, s, q_start, h, sq_b, sq_t, sq_h), offs_m, offs_d, sq_t, Lq, True)  # [BM, D]
+    mul, add = _coefficients(BIAS, s, h, sb_s, sb_h, bias_value, Lk, scale, BIAS_KIND, SIGMOID)
+    full_end, end = _key_blocks(m0, Lq, Lk, BLOCK_M, BLOCK_N, CAUSAL)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    for n0 in range(0, full_end, BLOCK_N):
+        acc = _fwd_block(acc, q, k_base, v_base, offs_m, n0 + offs_nt, offs_d, sk_t, sv_t, Lq, Lk, mul, add,
+                         False, CAUSAL, SIGMOID, ASM, DOT_PREC)
+    for n0 in range(full_end, end, BLOCK_N):
+        acc = _fwd_block(acc, q, k_base, v_base, offs_m, n0 + offs_nt, offs_d, sk_t, sv_t, Lq, Lk, mul, add,
+                         True, CAUSAL, SIGMOID, ASM, DOT_PREC)
+    n_store = Tq if LAYOUT == "padded" else Lq
+    _store_rows(_base(O, s, q_start, h, so_b, so_t, so_h), offs_m, offs_d, so_t, acc.to(O.dtype.element_ty),
+                Lq, n_store)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# backward
+
+
+@triton.jit
+def _dkdv_block(dk, dv, k, v, q_base, do_base, offs_m, offs_n, offs_d, sq_t, sdo_t, Lq, Lk, mul, add,
+                DQ_ACC, dq_base, sdq_t, scale,
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr, SIGMOID: tl.constexpr, ASM: tl.constexpr,
+                DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+    """dK, dV of one key block += the contribution of one query block [BLOCK_M], in transposed tiles [key, query]
+    (sigma^T and dS^T are the A operands of their products straight from registers)."""
+    q = _load_rows(q_base, offs_m, offs_d, sq_t, Lq, MASKED)                                # [BM, D]
+    do = _load_rows(do_base, offs_m, offs_d, sdo_t, Lq, MASKED)                             # [BM, D]
+    pt = _sigmoid(dot(k, tl.trans(q), DOT_PREC) * mul + add, SIGMOID, ASM)                 # [BN, BM]
+    if MASKED:
+        pt = tl.where(_scores_seen_t(offs_n, offs_m, Lq, Lk, CAUSAL), pt, 0.0)
+    dpt = dot(v, tl.trans(do), DOT_PREC)                                                   # [BN, BM]
+    dv = dot(pt.to(do.dtype), do, DOT_PREC, dv)
+    dst = dpt * (pt - pt * pt)                                                              # dS^T / scale
+    dk = dot(dst.to(q.dtype), q, DOT_PREC, dk)
+    if ATOMIC_DQ:
+        dq = dot(tl.trans(dst).to(k.dtype), k, DOT_PREC) * scale                          # [BM, D]
+        tl.atomic_add(dq_base + offs_m[:, None] * sdq_t + offs_d[None, :], dq, mask=offs_m[:, None] < Lq)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv(Q, K, V, DO, DK, DV, DQ_ACC, SEQ_Q, SEQ_K, BIAS,
+              sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sdo_b, sdo_t, sdo_h,
+              sdk_b, sdk_t, sdk_h, sdq_b, sdq_t, sdq_h, sb_s, sb_h, bias_value,
+              Tq, Tk, scale,
+              LAYOUT: tl.constexpr, CAUSAL: tl.constexpr, BIAS_KIND: tl.constexpr, SIGMOID: tl.constexpr,
+              ASM: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              HEAD_DIM: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+    """dk, dv of one key block of one (sequence, head): a loop over the query blocks that see it accumulates
+    dV = sigma^T dO and dK = scale dS^T Q in registers. dk and dv share strides (sdk_*)."""
+    nb = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    q_start, Lq = _span(SEQ_Q, s, Tq, LAYOUT)
+    k_start, Lk = _span(SEQ_K, s, Tk, LAYOUT)
+    n0 = nb * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_mt = tl.arange(0, BLOCK_M)
+    k = _load_rows(_base(K, s, k_start, h, sk_b, sk_t, sk_h), offs_n, offs_d, sk_t, Lk, True)     # [BN, D]
+    v = _load_rows(_base(V, s, k_start, h, sv_b, sv_t, sv_h), offs_n, offs_d, sv_t, Lk, True)     # [BN, D]
+    q_base = _base(Q, s, q_start, h, sq_b, sq_t, sq_h)
+    do_base = _base(DO, s, q_start, h, sdo_b, sdo_t, sdo_h)
+    dq_base = _base(DQ_ACC, s, q_start, h, sdq_b, sdq_t, sdq_h)
+    mul, add = _coefficients(BIAS, s, h, sb_s, sb_h, bias_value, Lk, scale, BIAS_KIND, SIGMOID)
+    start, full_start, full_end, end = _query_blocks(n0, Lq, Lk, BLOCK_M, BLOCK_N, CAUSAL)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    for m0 in range(start, full_start, BLOCK_M):
+        dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, m0 + offs_mt, offs_n, offs_d, sq_t, sdo_t, Lq, Lk,
+                             mul, add, DQ_ACC, dq_base, sdq_t, scale, True, CAUSAL, SIGMOID, ASM, DOT_PREC, ATOMIC_DQ)
+    for m0 in range(full_start, full_end, BLOCK_M):
+        dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, m0 + offs_mt, offs_n, offs_d, sq_t, sdo_t, Lq, Lk,
+                             mul, add, DQ_ACC, dq_base, sdq_t, scale, False, CAUSAL, SIGMOID, ASM, DOT_PREC,
+                             ATOMIC_DQ)
+    for m0 in range(full_end, end, BLOCK_M):
+        dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, m0 + offs_mt, offs_n, offs_d, sq_t, sdo_t, Lq, Lk,
+                             mul, add, DQ_ACC, dq_base, sdq_t, scale, True, CAUSAL, SIGMOID, ASM, DOT_PREC, ATOMIC_DQ)
+    n_store = Tk if LAYOUT == "padded" else Lk
+    _store_rows(_base(DK, s, k_start, h, sdk_b, sdk_t, sdk_h), offs_n, offs_d, sdk_t,
+                (dk * scale).to(DK.dtype.element_ty), Lk, n_store)
+    _store_rows(_base(DV, s, k_start, h, sdk_b, sdk_t, sdk_h), offs_n, offs_d, sdk_t, dv.to(DV.dtype.element_ty),
+                Lk, n_store)
+
+
+@triton.jit
+def _dq_block(dq, q, do, k_base, v_base, offs_m, offs_n, offs_d, sk_t, sv_t, Lq, Lk, mul, add,
+              MASKED: tl.constexpr, CAUSAL: tl.constexpr, SIGMOID: tl.constexpr, ASM: tl.constexpr,
+              DOT_PREC: tl.constexpr):
+    """dQ / scale of one query block += dS k over one key block."""
+    k = _load_rows(k_base, offs_n, offs_d, sk_t, Lk, MASKED)                                # [BN, D]
+    v = _load_rows(v_base, offs_n, offs_d, sv_t, Lk, MASKED)                                # [BN, D]
+    p = _sigmoid(dot(q, tl.trans(k), DOT_PREC) * mul + add, SIGMOID, ASM)                  # [BM, BN]
+    if MASKED:
+        p = tl.where(_scores_seen(offs_m, offs_n, Lq, Lk, CAUSAL), p, 0.0)
+    dp = dot(do, tl.trans(v), DOT_PREC)                                                    # [BM, BN]
+    ds = dp * (p - p * p)
+    return dot(ds.to(k.dtype), k, DOT_PREC, dq)
+
+
+@triton.jit
+def _bwd_dq(Q, K, V, DO, DQ, SEQ_Q, SEQ_K, BIAS,
+            sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sdo_b, sdo_t, sdo_h, sdq_b, sdq_t, sdq_h,
+            sb_s, sb_h, bias_value, Tq, Tk, scale,
+            LAYOUT: tl.constexpr, CAUSAL: tl.constexpr, BIAS_KIND: tl.constexpr, SIGMOID: tl.constexpr,
+            ASM: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            HEAD_DIM: tl.constexpr):
+    """dq of one query block of one (sequence, head): recomputes sigma and dP = dO v^T over the key blocks it sees
+    and accumulates dQ = scale dS K in registers (no atomics)."""
+    mb = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    if CAUSAL:
+        mb = tl.num_programs(0) - 1 - mb
+    q_start, Lq = _span(SEQ_Q, s, Tq, LAYOUT)
+    k_start, Lk = _span(SEQ_K, s, Tk, LAYOUT)
+    m0 = mb * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_nt = tl.arange(0, BLOCK_N)
+    k_base = _base(K, s, k_start, h, sk_b, sk_t, sk_h)
+    v_base = _base(V, s, k_start, h, sv_b, sv_t, sv_h)
+    q = _load_rows(_base(Q, s, q_start, h, sq_b, sq_t, sq_h), offs_m, offs_d, sq_t, Lq, True)       # [BM, D]
+    do = _load_rows(_base(DO, s, q_start, h, sdo_b, sdo_t, sdo_h), offs_m, offs_d, sdo_t, Lq, True)  # [BM, D]
+    mul, add = _coefficients(BIAS, s, h, sb_s, sb_h, bias_value, Lk, scale, BIAS_KIND, SIGMOID)
+    full_end, end = _key_blocks(m0, Lq, Lk, BLOCK_M, BLOCK_N, CAUSAL)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    for n0 in range(0, full_end, BLOCK_N):
+        dq = _dq_block(dq, q, do, k_base, v_base, offs_m, n0 + offs_nt, offs_d, sk_t, sv_t, Lq, Lk, mul, add,
+                       False, CAUSAL, SIGMOID, ASM, DOT_PREC)
+    for n0 in range(full_end, end, BLOCK_N):
+        dq = _dq_block(dq, q, do, k_base, v_base, offs_m, n0 + offs_nt, offs_d, sk_t, sv_t, Lq, Lk, mul, add,
+                       True, CAUSAL, SIGMOID, ASM, DOT_PREC)
+    n_store = Tq if LAYOUT == "padded" else Lq
+    _store_rows(_base(DQ, s, q_start, h, sdq_b, sdq_t, sdq_h), offs_m, offs_d, sdq_t,
+                (dq * scale).to(DQ.dtype.element_ty), Lq, n_store)

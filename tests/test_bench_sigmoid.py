@@ -1,0 +1,63 @@
+"""``python -m mini_of3.bench sigmoid`` on the CPU: tiny shapes (times are not checked), and its float64 truth."""
+import json
+
+import pytest
+import torch
+
+from mini_of3.bench import sigmoid
+from mini_of3.kernels import sigmoid_attention_ref
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_chunked_float64_reference_matches_autograd_of_the_reference(causal):
+    shape = sigmoid.parse_shape("varlen3d16" + ("c" if causal else ""), heads=3, varlen_range=(1, 23))
+    inputs = sigmoid.make_packed(shape, torch.device("cpu"), seed=0)
+    got = sigmoid.float64_reference(inputs, shape, heads=2, chunk=5)      # chunks split every sequence but one
+    leaves = [inputs[n][:, :2].double().requires_grad_(True) for n in ("q", "k", "v")]
+    o = sigmoid_attention_ref(*leaves, cu_seqlens_q=inputs["cu"], cu_seqlens_k=inputs["cu"], causal=causal)
+    o.backward(inputs["do"][:, :2].double())
+    for name, g, r in zip(sigmoid.NAMES, got, [o.detach()] + [t.grad for t in leaves]):
+        torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12, msg=name)
+
+
+def test_flops_count_real_tokens_only():
+    dense = sigmoid.parse_shape("b2t8d16", heads=4, varlen_range=(1, 1))
+    assert dense.flops_fwd() == 4 * 4 * 16 * 2 * 8 * 8
+    causal = sigmoid.parse_shape("b1t8d16c", heads=1, varlen_range=(1, 1))
+    assert causal.flops_fwd() == 4 * 16 * 8 * 9 / 2
+    varlen = sigmoid.parse_shape("varlen5d16", heads=1, varlen_range=(3, 9))
+    assert varlen.B == 5 and all(3 <= L <= 9 for L in varlen.lengths)
+    assert varlen.flops_fwd() == 4 * 16 * sum(L * L for L in varlen.lengths)
+
+
+def test_sigmoid_bench_writes_rows_and_a_plot(tmp_path, capsys):
+    sigmoid.main(["--shapes", "b2t24d32,varlen3d32c", "--varlen-range", "4,30", "--impls",
+                  "mini_of3,triton_sigmoid,cudnn", "--heads", "2", "--err-heads", "1", "--reps", "1", "--warmup", "0",
+                  "--out", str(tmp_path), "--tag", "t"])
+    result = json.loads((tmp_path / "sigmoid_t.json").read_text())
+    assert result["bench"] == "sigmoid" and (tmp_path / "sigmoid_t.png").stat().st_size > 0
+    assert {"device", "torch", "triton", "commit", "command", "versions"} <= set(result)
+    rows = {(r["impl"], r["shape"]): r for r in result["rows"]}
+    assert len(rows) == 6
+    for shape in ("b2t24d32", "varlen3d32c"):
+        ours = rows["mini_of3", shape]
+        assert ours["fwd_ms"] > 0 and ours["fwdbwd_ms"] > 0 and ours["tflops_fwd"] > 0 and ours["dtype"] == "bf16"
+        assert set(ours["err"]) == {"o", "dq", "dk", "dv"} and max(ours["err"].values()) < 1e-2
+        assert ours["bitwise"] is True and ours["err_heads"] == 1
+        if not torch.cuda.is_available():   # on a CPU the others cannot run: their rows say why
+            assert "error" in rows["cudnn", shape]
+    assert rows["mini_of3", "varlen3d32c"]["layout"] == "varlen" and rows["mini_of3", "varlen3d32c"]["causal"]
+    printed = capsys.readouterr().out
+    assert "fwd+bwd ms" in printed and "err dq" in printed
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--impls", "mini_of3,nope"], "--impls: expected some of"),
+    (["--shapes", "b4t4096"], "--shapes: expected"),
+    (["--varlen-range", "9,3"], "--varlen-range: expected 1 <= low <= high"),
+    (["--err-heads", "17"], "--err-heads <= --heads"),
+])
+def test_bad_arguments_give_one_clear_line(argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        sigmoid.main(argv)
+    assert message in str(exit_info.value) and "\n" not in str(exit_info.value)
