@@ -1,61 +1,50 @@
-"""``python -m mini_of3.ablate crops [CONFIG] --crops 256,384,512,768 [--minutes M | --steps S] [options]
-[key=value ...]``: what the training crop buys for the same training budget.
+"""``python -m mini_of3.ablate crops [CONFIG] [options] [key=value ...]``: what a larger training crop buys.
 
-One arm per crop: the same model from the same seed, trained by the real trainer (:class:`mini_of3.trainer.Trainer`)
-with ``data.crop_size`` = the arm's crop, for the same budget: ``--minutes M`` of training steps per arm
-(``trainer.max_minutes``: validation, checkpoints and compiling do not count) or ``--steps S`` (without either, the
-config's own ``trainer.max_steps`` / ``trainer.max_minutes``). Every arm validates on the same tokens: the config's
-validation entries cropped to ``--val-crop`` (768) tokens whatever the training crop (``data.val_crop_size``), so an
-entry of up to 768 tokens is validated whole. Each run validates its untrained model at step 0 (same seed, same
-entries, so the same for every arm of one model); the first arm's is the baseline (``impl`` "untrained").
-``--activation softmax,sigmoid`` ablates ``model.tri_attn_activation`` instead, at one crop (the first of
-``--crops``): rows with ``impl`` "activation" and one untrained row per activation.
+Arms (:mod:`mini_of3.ablation.plan`): one per ``--crops`` value and the AF3 schedule (``--schedule 384:768``: the
+smaller crop, then the larger for the last quarter of the same steps); with ``--activation softmax,sigmoid`` one
+per activation at the first crop instead. Each arm trains the config's model (``configs/ablation.yaml``: a small
+Pairformer, so that every arm and seed fits in about 45 minutes of one GPU) for the same ``--steps`` from each of
+``--seeds``, with the real trainer, and is then scored on whole entries (:mod:`mini_of3.ablation.scoring`): the
+training entries above 384 tokens (what a crop limits), those of at most 256 (the control) and the validation
+set; at equal steps (the last checkpoint) and at equal GPU time (the checkpoint each arm had reached when the
+smallest crop's arm finished). Beside them, per seed: the untrained model and a random compact chain. The paired
+differences between arms over seeds and entries, with bootstrap 95 % intervals (:mod:`mini_of3.ablation.stats`),
+say what the crop changed.
 
-    python -m mini_of3.ablate crops configs/crop768.yaml --crops 256,384,512,768 --minutes 20
-    python -m mini_of3.ablate crops configs/crop384.yaml --crops 384 --activation softmax,sigmoid --minutes 20
+Each arm trains in ``<folder>/seed<k>/<arm>`` and leaves ``arm.json`` (its scores) when finished, its checkpoints
+then removed; a finished arm is skipped when the command runs again and an interrupted one resumes, so an
+ablation can span several GPU sessions. Writes ``<out>/ablation_<kind>[_tag].json`` and ``.png`` (``--out``:
+the ablation folder unless given).
 
-Each arm trains in its own folder, ``<ablation folder>/crop<N>`` (or ``activation_<name>``); the ablation folder is
-``runs/ablate_<crops|activation>[_tag]`` unless ``trainer.out_dir=...`` names it. A finished arm leaves ``arm.json``
-there and is skipped when the command runs again; an interrupted one resumes from its last checkpoint
-(``trainer.resume=auto``). Writes ``<out>/ablation_<crops|activation>[_tag].json`` (rows: impl, N, activation,
-step_s, peak_mib, steps, val_lddt_ca, val_contact_precision, val_distogram_loss, ...) and ``.png``.
+    python -m mini_of3.ablate crops configs/ablation.yaml --seeds 0,1,2 --steps 1000
+    python -m mini_of3.ablate crops configs/ablation.yaml --crops 384 --activation softmax,sigmoid
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import json
+import shutil
 import statistics
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
+from mini_of3.ablation import plan as planning
+from mini_of3.ablation.figure import SPLITS, plot
+from mini_of3.ablation.scoring import LARGE, METRICS, SMALL, score_model, score_random_chains, scoring_entries
+from mini_of3.ablation.stats import compare
 from mini_of3.bench.common import print_table, result_header, write_json
-from mini_of3.bench.trainrun import command_overrides, config_argument, load, prepare_once, run_trainer, \
-    validation_rows
+from mini_of3.bench.trainrun import command_overrides, config_argument, load, prepare_once, run_trainer
 
-DEFAULT_CONFIG = "configs/default.yaml"
+DEFAULT_CONFIG = "configs/ablation.yaml"
 ACTIVATIONS = ("softmax", "sigmoid")
-UNLIMITED_STEPS = 10**9                     # --minutes: the time budget alone ends an arm
-VAL_KEYS = {"val_lddt_ca": "lddt_ca", "val_contact_precision": "contact_precision",
-            "val_distogram_loss": "distogram", "val_tm_score": "tm_score", "val_rmsd": "rmsd",
-            "val_distogram_accuracy": "distogram_accuracy", "val_loss": "loss", "val_mean_plddt": "mean_plddt"}
-OPTIONS = "--crops, --minutes, --steps, --activation, --val-crop, --out, --tag"
+OPTIONS = "--crops, --schedule, --seeds, --steps, --activation, --score-samples, --score-steps, --out, --tag"
+COMPARED = ("lddt_ca", "tm_score", "contact_precision", "interchain_contact_precision", "interface_lddt")
 
 
-@dataclass(frozen=True)
-class Arm:
-    impl: str             # "crop" or "activation": the factor this arm varies
-    crop: int
-    activation: str
-
-    @property
-    def name(self) -> str:
-        return f"crop{self.crop}" if self.impl == "crop" else f"activation_{self.activation}"
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# arguments
+def say(message: str) -> None:
+    print(f"ablate: {message}", file=sys.stderr, flush=True)
 
 
 def parse_list(text: str, option: str, convert, what: str) -> list:
@@ -72,9 +61,16 @@ def parse_list(text: str, option: str, convert, what: str) -> list:
     return values
 
 
-def crop_size(text: str) -> int:
+def positive(text: str) -> int:
     value = int(text)
     if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
         raise ValueError(text)
     return value
 
@@ -85,158 +81,154 @@ def activation(text: str) -> str:
     return text
 
 
-def plan_arms(crops: list[int], activations: list[str] | None, config_activation: str) -> list[Arm]:
-    """The crop arms, or with ``activations`` the activation arms at the first crop."""
-    if activations is None:
-        return [Arm("crop", c, config_activation) for c in crops]
-    if len(crops) > 1:
-        say(f"--activation: the arms train at crop {crops[0]}, the first of --crops")
-    return [Arm("activation", crops[0], a) for a in activations]
-
-
-def budget_overrides(minutes: float | None, steps: int | None) -> dict[str, object]:
-    """The keys that set the training budget of every arm (none: the config's budget)."""
-    if minutes is not None and steps is not None:
-        raise SystemExit("--minutes and --steps: give one training budget, not both")
-    if minutes is not None:
-        if not minutes > 0:
-            raise SystemExit(f"--minutes must be > 0, got {minutes}")
-        return {"trainer.max_minutes": minutes, "trainer.max_steps": UNLIMITED_STEPS}
-    if steps is not None:
-        if steps < 1:
-            raise SystemExit(f"--steps must be >= 1, got {steps}")
-        return {"trainer.max_steps": steps, "trainer.max_minutes": "null"}
-    return {}
-
-
-def say(message: str) -> None:
-    print(f"ablate: {message}", file=sys.stderr, flush=True)
+def schedule(text: str) -> tuple[int, int] | None:
+    if text == "none":
+        return None
+    start, _, end = text.partition(":")
+    try:
+        pair = (positive(start), positive(end))
+    except ValueError:
+        raise SystemExit(f"--schedule: expected START:END crops (e.g. 384:768) or none, got {text!r}") from None
+    if pair[1] <= pair[0]:
+        raise SystemExit(f"--schedule {text}: the fine-tuning crop must be the larger")
+    return pair
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# one arm
+# one arm, one seed
 
 
-def arm_overrides(arm: Arm, folder: Path) -> list[str]:
-    """The keys that differ between arms: the crop (or activation) and the run folder."""
-    keys = {"data.crop_size": arm.crop, "trainer.out_dir": folder / arm.name}
-    if arm.impl == "activation":
-        keys["model.tri_attn_activation"] = arm.activation
-    return [f"{k}={v}" for k, v in keys.items()]
+def load_ema(run_dir: Path, step: int | None, device):
+    """The EMA model of a run folder's checkpoint of ``step`` (its latest when None)."""
+    from mini_of3.predict import load_model
+    folder = run_dir / "checkpoints" / f"step_{step}" if step is not None else run_dir
+    return load_model(folder, device, prefer="latest", say=say)
 
 
-def val_metrics(val_row: dict) -> dict:
-    """The ``val_*`` fields of a row from one validation row of a run's log, and the entries it scored."""
-    out = {key: val_row.get(name) for key, name in VAL_KEYS.items()}
-    out["val_entries"] = [e["id"] for e in val_row["entries"]]
-    out["val_tokens"] = [e.get("tokens") for e in val_row["entries"]]
-    return out
+def equal_time_step(run_dir: Path, seconds: float) -> int:
+    """The latest checkpoint of a run whose training steps had taken at most ``seconds`` (the first if none)."""
+    from mini_of3.training.checkpoint import list_checkpoints, read_state
+    infos = list_checkpoints(run_dir)
+    under = [c.step for c in infos if read_state(c.path).get("train_s", 0.0) <= seconds + 1e-9]
+    return under[-1] if under else infos[0].step
 
 
-def arm_result(arm: Arm, log: list[dict], run_dir: Path, train_s: float) -> dict:
-    """``{"row": ..., "untrained": ...}`` of a finished arm from its log: the median step time over the last three
-    quarters of the steps (the first ones compile and autotune, as ``bench runs``), the training peak memory (GPU
-    only), the last validation, and the step-0 validation (the untrained model)."""
+def arm_summary(arm: planning.Arm, seed: int, log: list[dict]) -> dict:
+    """The arm's training: median step time over the last three quarters of its steps (the first ones compile and
+    autotune), peak memory (GPU), the GPU minutes of its steps."""
     train = [r for r in log if r.get("split") == "train"]
-    val = validation_rows(log)
-    if not train or not val or val[0]["step"] != 0:
-        raise SystemExit(f"{run_dir}: the log has no training steps or no step-0 validation; remove the folder and "
-                         f"run the command again")
     peaks = [r["peak_mem_gib"] for r in train if r.get("peak_mem_gib") is not None]
-    row = {"impl": arm.impl, "N": arm.crop, "activation": arm.activation,
-           "step_s": statistics.median(r["step_s"] for r in train[len(train) // 4:]),
-           "peak_mib": max(peaks) * 1024 if peaks else None, "steps": train[-1]["step"],
-           "train_minutes": train_s / 60, **val_metrics(val[-1]), "val_step": val[-1]["step"],
-           "run_dir": str(run_dir)}
-    untrained = {"impl": "untrained", "N": None, "activation": arm.activation, "step_s": None, "peak_mib": None,
-                 "steps": 0, "train_minutes": 0.0, **val_metrics(val[0]), "val_step": 0, "run_dir": str(run_dir)}
-    return {"row": row, "untrained": untrained}
+    return {"impl": arm.impl, "arm": arm.name, "N": arm.crop, "activation": arm.activation, "seed": seed,
+            "step": train[-1]["step"], "step_s": statistics.median(r["step_s"] for r in train[len(train) // 4:]),
+            "peak_mib": max(peaks) * 1024 if peaks else None, "gpu_minutes": train[-1]["train_s"] / 60}
 
 
-def run_arm(arm: Arm, config: str, overrides: list[str], prepared: Path) -> dict:
-    """Train and validate one arm (resuming its folder), write its ``arm.json``; returns what it holds."""
-    from mini_of3.training.runlog import read_log
-    cfg = load(config, overrides)
-    cfg = replace(cfg, data=replace(cfg.data, root=str(prepared)))        # prepared once for all arms
+def run_arm(arm: planning.Arm, seed: int, steps: int, *, config: str, common: list[str], folder: Path,
+            prepared: Path, stop_at: int | None = None) -> Path:
+    """Train one arm of one seed to ``steps`` (or only to ``stop_at``), resuming its folder; returns the folder."""
+    from mini_of3.training.checkpoint import list_checkpoints
+    run_dir = planning.arm_folder(folder, seed, arm)
+    keys = planning.arm_overrides(arm, folder, seed, steps, started=bool(list_checkpoints(run_dir)))
+    cfg = load(config, [*common, *keys])
+    cfg = replace(cfg, data=replace(cfg.data, root=str(prepared)),
+                  trainer=replace(cfg.trainer, max_steps=stop_at or steps))
     done = run_trainer(cfg)
     if done.stopped_by is not None:
-        raise SystemExit(f"{arm.name}: stopped by {done.stopped_by} at step {done.step}; run the same command "
-                         f"again to resume it")
-    result = arm_result(arm, read_log(done.out_dir / "log.jsonl"), done.out_dir, done.train_s)
-    write_json(result, done.out_dir / "arm.json")
+        raise SystemExit(f"seed {seed} {arm.name}: stopped by {done.stopped_by} at step {done.step}; run the same "
+                         f"command again to resume it")
+    return run_dir
+
+
+def score_arm(arm: planning.Arm, seed: int, run_dir: Path, entries, time_budget: float | None, score: dict,
+              device) -> dict:
+    """Score an arm's last checkpoint (equal steps) and the one reached within ``time_budget`` seconds of steps
+    (equal GPU time; the last one when None); write and return ``arm.json``; remove the checkpoints."""
+    from mini_of3.training.runlog import read_log
+    summary = arm_summary(arm, seed, read_log(run_dir / "log.jsonl"))
+    budgets = {"steps": summary["step"],
+               "time": summary["step"] if time_budget is None else equal_time_step(run_dir, time_budget)}
+    scored: dict[int, list[dict]] = {}
+    rows = []
+    for budget, step in budgets.items():
+        if step not in scored:
+            model, _, _ = load_ema(run_dir, step, device)
+            scored[step] = score_model(model, entries, device=device, seed=seed, **score)
+            del model
+        rows += [{"impl": arm.impl, "arm": arm.name, "N": arm.crop, "activation": arm.activation, "seed": seed,
+                  "budget": budget, "step": step, **r} for r in scored[step]]
+    result = {"summary": summary, "rows": rows}
+    write_json(result, run_dir / "arm.json")
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    free_memory()
+    return result
+
+
+def baselines(cfg, seed: int, entries, score: dict, device, path: Path) -> list[dict]:
+    """The untrained model (the initial weights every arm of ``seed`` starts from) and a random compact chain,
+    scored on every entry; cached in ``path``."""
+    if path.is_file():
+        return json.loads(path.read_text())["rows"]
+    from accelerate.utils import set_seed
+    from mini_of3.model import build_model
+    set_seed(seed)                                              # as the trainer does before building the model
+    model = build_model(cfg.model).to(device)
+    rows = [{"impl": "untrained", "seed": seed, "budget": "steps", **r}
+            for r in score_model(model, entries, device=device, seed=seed, **score)]
+    rows += [{"impl": "random_chain", "seed": seed, "budget": "steps", **r} for r in score_random_chains(entries, seed)]
+    del model
+    write_json({"rows": rows}, path)
+    return rows
+
+
+def free_memory() -> None:
     gc.collect()
     import torch
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return result
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # the result
 
 
-def plot(rows: list[dict], path: Path, title: str) -> None:
-    """Validation quality (lDDT-Calpha, contact precision; distogram loss) against the crop (or activation) beside
-    step time and peak memory; the untrained model dashed."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    arms = [r for r in rows if r["impl"] != "untrained"]
-    untrained = {r["activation"]: r for r in rows if r["impl"] == "untrained"}
-    by_crop = arms[0]["impl"] == "crop"
-    x = [r["N"] for r in arms] if by_crop else list(range(len(arms)))
-    panels = ((("val_lddt_ca", "lDDT-Calpha"), ("val_contact_precision", "contact precision")),
-              (("val_distogram_loss", "distogram loss"),), (("step_s", "median step (s)"),),
-              (("peak_mib", "peak memory (MiB)"),))
-    fig, axes = plt.subplots(1, len(panels), figsize=(18, 4.2), sharex=True)
-    for ax, panel in zip(axes, panels):
-        for i, (key, label) in enumerate(panel):
-            points = [(a, r[key]) for a, r in zip(x, arms) if r[key] is not None]
-            if points:
-                ax.plot(*zip(*points), "o-", color=f"C{i}", label=label)
-            for j, base in enumerate(untrained.values()):
-                if key.startswith("val_") and base[key] is not None:
-                    ax.axhline(base[key], color=f"C{i}", ls=("--", ":")[j % 2], lw=1,
-                               label=f"{label}, untrained" + ("" if by_crop else f" ({base['activation']})"))
-            if not points:
-                ax.text(0.5, 0.5, "not measured (no GPU)", ha="center", transform=ax.transAxes)
-        ax.set(xlabel="training crop (tokens)" if by_crop else "triangle attention activation",
-               ylabel=" / ".join(label for _, label in panel))
-        if by_crop:
-            ax.set_xticks(x)
-        else:
-            ax.set_xticks(x, [r["activation"] for r in arms])
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def comparisons(rows: list[dict], arms: list[planning.Arm]) -> list[dict]:
+    """Paired differences (a - b) over seeds and entries, per split, metric and budget: every arm against the first
+    (the smallest crop, or the first activation), the schedule arm against both its crops, every arm against the
+    random chain and the untrained model (equal steps)."""
+    def values(impl: str, name: str | None, split: str, metric: str, budget: str) -> dict:
+        return {(r["seed"], r["entry"]): r[metric] for r in rows if r.get("entry") and r["impl"] == impl
+                and r.get("arm") == name and r["split"] == split and r["budget"] == budget
+                and r.get(metric) is not None}
+    pairs = [(a, arms[0]) for a in arms[1:]]
+    pairs += [(a, b) for a in arms if a.impl == "finetune" for b in arms
+              if b.impl == "crop" and b.crop in (a.start_crop, a.crop)]
+    out = []
+    for split in SPLITS:
+        for metric in COMPARED:
+            for budget in ("steps", "time"):
+                for a, b in pairs:
+                    out.append({"a": a.name, "b": b.name, "split": split, "metric": metric, "budget": budget,
+                                **compare(values(a.impl, a.name, split, metric, budget),
+                                          values(b.impl, b.name, split, metric, budget))})
+            for a in arms:
+                for base in ("random_chain", "untrained"):
+                    out.append({"a": a.name, "b": base, "split": split, "metric": metric, "budget": "steps",
+                                **compare(values(a.impl, a.name, split, metric, "steps"),
+                                          values(base, None, split, metric, "steps"))})
+    return out
 
 
-def check_same_validation(results: list[dict]) -> None:
-    """Every arm must have validated the same entries with the same tokens."""
-    first = results[0]["row"]
-    for r in results[1:]:
-        if (r["row"]["val_entries"], r["row"]["val_tokens"]) != (first["val_entries"], first["val_tokens"]):
-            raise SystemExit(f"{r['row']['run_dir']} validated {r['row']['val_entries']} ({r['row']['val_tokens']} "
-                             f"tokens), {first['run_dir']} {first['val_entries']} ({first['val_tokens']}): the "
-                             f"arms do not compare")
-
-
-def check_plan(folder: Path, plan: dict) -> None:
-    """Write the ablation folder's ``plan.json``, or check that it holds the same config, overrides and budget (an
-    arm trained under another plan would not compare); arms may be added."""
-    path = folder / "plan.json"
-    if path.is_file():
-        before = json.loads(path.read_text())
-        if before != plan:
-            changed = sorted(k for k in plan if before.get(k) != plan[k])
-            raise SystemExit(f"{folder} holds an ablation with another {', '.join(changed)} ({path}); use another "
-                             f"--tag or trainer.out_dir, or remove the folder")
-    else:
-        write_json(plan, path)
+def report(result: dict) -> None:
+    """The arms' training, then the comparisons of lDDT-Calpha, as tables."""
+    summaries = [r for r in result["rows"] if not r.get("entry") and r["impl"] not in ("untrained", "random_chain")]
+    print_table(summaries, [("arm", "arm", "s"), ("seed", "seed", "d"), ("step", "steps", "d"),
+                            ("step_s", "step s", ".3f"), ("gpu_minutes", "GPU min", ".1f"),
+                            ("peak_mib", "peak MiB", ".0f")])
+    print()
+    shown = [c for c in result["comparisons"] if c["metric"] == "lddt_ca"]
+    print_table(shown, [("split", "split", "s"), ("budget", "budget", "s"), ("a", "a", "s"), ("b", "b", "s"),
+                        ("mean", "a - b", "+.3f"), ("lo", "95% lo", "+.3f"), ("hi", "95% hi", "+.3f"),
+                        ("pairs", "pairs", "d")])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -245,71 +237,122 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("what", choices=["crops"], help="the ablation (crops; --activation varies the activation)")
     parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help="a training config")
     parser.add_argument("--crops", default="256,384,512,768", help="comma-separated training crops (tokens)")
-    parser.add_argument("--minutes", type=float, default=None, help="minutes of training steps per arm")
-    parser.add_argument("--steps", type=int, default=None, help="training steps per arm")
+    parser.add_argument("--schedule", default="384:768", help="the AF3 schedule arm START:END, or none")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds: every arm trains from each")
+    parser.add_argument("--steps", type=int, default=None, help="training steps of every arm (default: the "
+                        "config's trainer.max_steps)")
     parser.add_argument("--activation", default=None, help="comma-separated triangle attention activations to "
                         "ablate at the first crop (softmax, sigmoid)")
-    parser.add_argument("--val-crop", type=int, default=768, help="validation crop of every arm (tokens)")
-    parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON and PNG")
+    parser.add_argument("--score-samples", type=int, default=1, help="structures sampled per scored entry")
+    parser.add_argument("--score-steps", type=int, default=20, help="EDM steps of the scoring samples")
+    parser.add_argument("--large-tokens", type=int, default=LARGE, help="train_large: training entries above this")
+    parser.add_argument("--small-tokens", type=int, default=SMALL, help="train_small: training entries up to this")
+    parser.add_argument("--out", default=None, help="folder of the JSON and PNG (default: the ablation folder)")
     parser.add_argument("--tag", default="", help="suffix of the ablation folder and result file names")
     args, extra = parser.parse_known_args(argv)
     config, user = config_argument(args.config, extra, DEFAULT_CONFIG, OPTIONS)
-    crops = parse_list(args.crops, "--crops", crop_size, "crop sizes (integers >= 1)")
+    crops = parse_list(args.crops, "--crops", positive, "crop sizes (integers >= 1)")
+    seeds = parse_list(args.seeds, "--seeds", non_negative, "seeds (integers >= 0)")
     activations = None if args.activation is None else \
         parse_list(args.activation, "--activation", activation, f"activations ({', '.join(ACTIVATIONS)})")
-    if args.val_crop < 1:
-        raise SystemExit(f"--val-crop must be >= 1, got {args.val_crop}")
-    budget = budget_overrides(args.minutes, args.steps)
+    chosen_schedule = schedule(args.schedule) if activations is None else None
+    if args.score_samples < 1 or args.score_steps < 1:
+        raise SystemExit(f"--score-samples and --score-steps must be >= 1, got {args.score_samples}, "
+                         f"{args.score_steps}")
     kind = "crops" if activations is None else "activation"
     stem = f"ablation_{kind}{('_' + args.tag) if args.tag else ''}"
-
     folder_keys = [o for o in user if o.partition("=")[0].strip() == "trainer.out_dir"]
     user = [o for o in user if o not in folder_keys]                      # names the ablation folder, not a run
-    folder = Path(folder_keys[-1].partition("=")[2] if folder_keys else f"runs/ablate_{kind}"
-                  + (f"_{args.tag}" if args.tag else ""))
-    fixed = {"data.val_crop_size": args.val_crop, "trainer.resume": "auto", **budget}
-    per_arm = ["data.crop_size", *(["model.tri_attn_activation"] if activations is not None else [])]
-    common = command_overrides(user, {}, fixed, f"the ablation itself ({OPTIONS})", reserved=per_arm)
-    cfg, prepared = prepare_once(load(config, common))
-    from mini_of3.data import read_manifest, select_entries
-    val_ids = [r.id for r in select_entries(read_manifest(prepared), cfg.data, "val")]
-    if not val_ids:
+    folder = Path(folder_keys[-1].partition("=")[2] if folder_keys else f"runs/{stem}")
+    fixed = {"trainer.resume": "auto", "trainer.max_minutes": "null"}
+    cfg, prepared = prepare_once(load(config, command_overrides(user, {}, fixed, f"the ablation ({OPTIONS})",
+                                                                reserved=["seed", "data.crop_size"])))
+    steps = args.steps or cfg.trainer.max_steps
+    if steps < 1:
+        raise SystemExit(f"--steps must be >= 1, got {steps}")
+    from mini_of3.data import resolve_validation
+    cfg = replace(cfg, data=resolve_validation(prepared, cfg.data))
+    if not cfg.data.val_ids:
         raise SystemExit(f"{prepared}: no validation entries (data.val_ids={cfg.data.val_ids}, data.val_after="
-                         f"{cfg.data.val_after}); the arms must validate on the same entries")
-    arms = plan_arms(crops, activations, cfg.model.tri_attn_activation)
-    check_plan(folder, {"config": config, "overrides": common, "val_crop": args.val_crop, "budget": budget})
-
-    results = []
-    for i, arm in enumerate(arms, start=1):
-        done = folder / arm.name / "arm.json"
-        if done.is_file():
-            say(f"arm {i}/{len(arms)} {arm.name}: finished before ({done}), skipped")
-            results.append(json.loads(done.read_text()))
-            continue
-        say(f"arm {i}/{len(arms)} {arm.name}: training in {folder / arm.name}, validating {', '.join(val_ids)} "
-            f"at crop {args.val_crop}")
-        results.append(run_arm(arm, config, [*common, *arm_overrides(arm, folder)], prepared))
-        row = results[-1]["row"]
-        say(f"arm {i}/{len(arms)} {arm.name}: {row['steps']} steps in {row['train_minutes']:.1f} min, median step "
-            f"{row['step_s']:.3f} s, validation lDDT-Ca {row['val_lddt_ca']}")
-    check_same_validation(results)
+                         f"{cfg.data.val_after}); the arms are scored on named validation entries: data.val_ids=auto "
+                         f"chooses them")
+    fixed.update({"trainer.checkpoint_every": planning.checkpoint_every(steps), "trainer.keep_last": 1000})
+    common = command_overrides(user, {}, fixed, f"the ablation ({OPTIONS})", reserved=["seed", "data.crop_size"])
+    common.append("data.val_ids=[" + ",".join(cfg.data.val_ids) + "]")          # resolved once: every arm the same
+    try:
+        arms = planning.plan_arms(crops, chosen_schedule, activations, cfg.model.tri_attn_activation)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    check_plan(folder, {"config": config, "overrides": common, "steps": steps, "val_ids": cfg.data.val_ids,
+                        "score": [args.score_samples, args.score_steps, args.large_tokens, args.small_tokens]})
+    import torch
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    entries = scoring_entries(prepared, cfg.data, cfg.seed, args.large_tokens, args.small_tokens)
+    counts = {s: sum(e.split == s for e in entries) for s in SPLITS}
+    say(f"{len(arms)} arms x {len(seeds)} seeds, {steps} steps each; scored on {counts['train_large']} large and "
+        f"{counts['train_small']} small training entries and {counts['val']} validation entries "
+        f"({', '.join(cfg.data.val_ids)}), whole")
+    score = {"samples": args.score_samples, "steps": args.score_steps,
+             "bf16": cfg.trainer.mixed_precision == "bf16"}
+    rows = []
+    for seed in seeds:
+        rows += baselines(replace(cfg, seed=seed), seed, entries, score, device, folder / f"seed{seed}" /
+                          "baselines.json")
+        budget = None
+        for arm in arms:
+            run_dir = planning.arm_folder(folder, seed, arm)
+            if (run_dir / "arm.json").is_file():
+                result = json.loads((run_dir / "arm.json").read_text())
+                say(f"seed {seed} {arm.name}: finished before, skipped")
+            else:
+                train_arm(arm, arms, seed, steps, config=config, common=common, folder=folder, prepared=prepared)
+                result = score_arm(arm, seed, run_dir, entries, budget, score, device)
+                s = result["summary"]
+                say(f"seed {seed} {arm.name}: {s['step']} steps, {s['gpu_minutes']:.1f} GPU min, median step "
+                    f"{s['step_s']:.3f} s")
+            budget = budget if budget is not None else result["summary"]["gpu_minutes"] * 60
+            rows += [result["summary"], *result["rows"]]
 
     result = result_header("ablation", prog="python -m mini_of3.ablate")
-    firsts: dict[str, dict] = {}                                         # the first arm's of each model
-    for r in results:
-        firsts.setdefault(r["untrained"]["activation"], r["untrained"])
-    result.update(config=config, overrides=common, val_crop=args.val_crop, val_ids=val_ids, folder=str(folder),
-                  budget={"minutes": args.minutes, "steps": args.steps}, arms=[asdict(a) for a in arms])
-    result["rows"] = [*firsts.values(), *(r["row"] for r in results)]
-    out = Path(args.out)
+    result.update(kind=kind, config=config, overrides=common, folder=str(folder), steps=steps, seeds=seeds,
+                  val_ids=cfg.data.val_ids, score={"samples": args.score_samples, "steps": args.score_steps,
+                                                   "large_tokens": args.large_tokens, "small_tokens": args.small_tokens},
+                  arms=[{**asdict(a), "name": a.name} for a in arms], metrics=list(METRICS), rows=rows,
+                  entries=[{"entry": e.id, "split": e.split, "tokens": e.tokens} for e in entries])
+    result["comparisons"] = comparisons(rows, arms)
+    out = Path(args.out) if args.out else folder
     write_json(result, out / f"{stem}.json")
-    plot(result["rows"], out / f"{stem}.png", f"{kind} ablation ({config}, validation crop {args.val_crop})")
+    plot(result, out / f"{stem}.png")
     print()
-    print_table(result["rows"], [("impl", "impl", "s"), ("N", "crop", "d"), ("activation", "activation", "s"),
-                                 ("steps", "steps", "d"), ("step_s", "step s", ".3f"), ("peak_mib", "peak MiB", ".0f"),
-                                 ("val_lddt_ca", "lDDT-Ca", ".3f"), ("val_contact_precision", "contacts", ".3f"),
-                                 ("val_distogram_loss", "disto loss", ".3f")])
+    report(result)
     print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
+
+
+def train_arm(arm: planning.Arm, arms: list[planning.Arm], seed: int, steps: int, **where) -> None:
+    """Train one arm; the crop arm that a schedule arm starts from stops at the schedule's start first, so that
+    the schedule arm can take that checkpoint, then goes on."""
+    later = [a for a in arms if a.impl == "finetune" and a.start_crop == arm.crop and arm.impl == "crop"]
+    for other in later:
+        start = planning.finetune_start(steps)
+        run_arm(arm, seed, steps, stop_at=start, **where)
+        if not (planning.arm_folder(where["folder"], seed, other) / "arm.json").is_file():
+            say(f"seed {seed} {other.name}: from {arm.name} at step {start}")
+            run_arm(other, seed, steps, **where)
+    run_arm(arm, seed, steps, **where)
+
+
+def check_plan(folder: Path, plan: dict) -> None:
+    """Write the ablation folder's ``plan.json``, or check that it holds the same config, overrides, steps,
+    validation set and scoring (an arm trained under another plan would not compare); seeds and arms may be added."""
+    path = folder / "plan.json"
+    if path.is_file():
+        before = json.loads(path.read_text())
+        changed = sorted(k for k in plan if before.get(k) != plan[k])
+        if changed:
+            raise SystemExit(f"{folder} holds an ablation with another {', '.join(changed)} ({path}); use another "
+                             f"--tag or trainer.out_dir, or remove the folder")
+    else:
+        write_json(plan, path)
 
 
 if __name__ == "__main__":

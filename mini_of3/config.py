@@ -44,8 +44,8 @@ class Invalid(ValueError):
 
 
 def _split_commas(value: Any) -> Any:
-    """``a,b,c`` on the command line is the list [a, b, c] (YAML reads it as one string)."""
-    return [v for v in value.split(",") if v] if isinstance(value, str) else value
+    """``a,b,c`` on the command line is the list [a, b, c] (YAML reads it as one string); ``auto`` stays a word."""
+    return [v for v in value.split(",") if v] if isinstance(value, str) and value != "auto" else value
 
 
 def _word_not_bool(value: Any) -> Any:
@@ -82,8 +82,13 @@ class DataConfig:
     root: str = DEFAULT_DATA_ROOT            # folder of raw mmCIF files (prepared into cache_dir on first use)
     cache_dir: str = "data/cache"            # prepared .npz folder (manifest.tsv, skipped.tsv)
     offline_package: bool = True             # the default root empty -> fetch the mdanalysistests entries into it
-    val_ids: Ids = field(default_factory=list)   # explicit validation entries (never trained on, unless train_ids
-                                             # names them too)
+    val_ids: Annotated[list[str] | Literal["auto"], BeforeValidator(_split_commas),
+                       Expected("a list of entry ids, or auto")] = field(default_factory=list)
+                                             # validation entries (never trained on, unless train_ids names them
+                                             # too), or auto: chosen from the prepared folder by size and identity
+                                             # clustering (mini_of3/data/validation_split.py), the same every time
+    val_auto_count: PositiveInt = 6          # val_ids auto: how many entries, spanning small to large ...
+    val_auto_max_tokens: PositiveInt = 768   # ... up to this many tokens
     train_ids: Ids = field(default_factory=list)  # when set, train on these entries only; one named here and in
                                              # val_ids is trained on too, on purpose (a fit check: bench fit)
     val_after: str | None = None             # else: entries released after this date (YYYY-MM-DD) validate
@@ -114,11 +119,12 @@ class DataConfig:
     parse_timeout_s: Positive = 120.0        # per mmCIF file when preparing data.root into data.cache_dir
 
     def __post_init__(self) -> None:
-        shared = sorted({v.upper() for v in self.val_ids} & {t.upper() for t in self.train_eval_ids})
+        named = [] if self.val_ids == "auto" else self.val_ids
+        shared = sorted({v.upper() for v in named} & {t.upper() for t in self.train_eval_ids})
         if shared:
             raise Invalid("train_eval_ids", self.train_eval_ids,
                           f"training entries, none of data.val_ids (both name {', '.join(shared)})")
-        both = sorted({v.upper() for v in self.val_ids} & {t.upper() for t in self.train_ids})
+        both = sorted({v.upper() for v in named} & {t.upper() for t in self.train_ids})
         if both and self.val_identity_cut is not None:
             raise Invalid("val_identity_cut", self.val_identity_cut,
                           f"null when data.train_ids and data.val_ids share entries ({', '.join(both)}): training on "
@@ -282,6 +288,17 @@ def _section_at(path: tuple[str, ...]) -> type | None:
     return node
 
 
+def _field_path(loc: tuple[str, ...]) -> tuple[str, ...]:
+    """``loc`` up to its first key that is not a section (pydantic adds union members and list indices after it)."""
+    node: Any = Config
+    for i, key in enumerate(loc):
+        annotation = _field_type(node, key)
+        if annotation is None or not dataclasses.is_dataclass(annotation):
+            return loc[: i + 1]
+        node = annotation
+    return loc
+
+
 def _unwrap(annotation: Any) -> tuple[Any, bool, list[str]]:
     """(the bare type, whether None is allowed, the Expected words) of a field's annotation."""
     optional, words = False, []
@@ -309,7 +326,7 @@ def _shown(value: Any, bare: Any) -> Any:
 
 def _one_line(error: dict, prefix: tuple[str, ...]) -> str:
     """One pydantic error (of ``Config``, or of its section ``prefix``) as ``key: got value, expected what``."""
-    loc = prefix + tuple(str(part) for part in error["loc"])
+    loc = _field_path(prefix + tuple(str(part) for part in error["loc"]))
     key, kind, ctx = ".".join(loc), error["type"], error.get("ctx") or {}
     if kind == "unexpected_keyword_argument":
         section = _section_at(loc)

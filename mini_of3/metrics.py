@@ -371,3 +371,41 @@ def structure_metrics(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor
         "distogram_accuracy": float(distogram_accuracy(distogram_logits, cb, cb_mask))
         if distogram_logits is not None else float("nan"),
     }
+
+
+def interface_metrics(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor, asym_id: torch.Tensor,
+                      entity_id: torch.Tensor, sym_id: torch.Tensor, distogram_logits: torch.Tensor | None = None,
+                      true_cb: torch.Tensor | None = None, cb_mask: torch.Tensor | None = None) -> dict[str, float]:
+    """How well the chains of a complex sit relative to each other, after the homomer chain assignment (arguments
+    as :func:`structure_metrics`):
+
+    interface_lddt: lDDT-Calpha pooled over the pairs of tokens in different chains whose true distance is under the
+        15 A inclusion radius (NaN when there is no such pair: a single chain, or chains apart);
+    interchain_contact_precision: of the top max(1, L/5) pairs of tokens in different chains by predicted contact
+        score (the distogram's probability below 8 A, else minus the predicted Calpha distance), the share whose true
+        Cbeta distance is under 8 A (NaN without a true inter-chain contact).
+    """
+    true = torch.where(mask[:, None], true, 0.0)
+    perm = homomer_permutation(pred, true, mask, asym_id, entity_id, sym_id)
+    true, mask = true[perm], mask[perm]
+    cb = true_cb[perm] if true_cb is not None else true
+    cb_mask = mask & torch.isfinite(cb).all(-1) & (cb_mask[perm] if cb_mask is not None else True)
+    cb = torch.where(cb_mask[:, None], cb, 0.0)
+    between = asym_id[:, None] != asym_id[None, :]                                      # [N, N]
+    score, include = lddt_pair_scores(pred[None], true[None], mask[None])
+    pairs = include[0] & between
+    interface_lddt = float((score[0] * pairs).sum() / pairs.sum()) if pairs.any() else float("nan")
+    candidates = between & cb_mask[:, None] & cb_mask[None, :]
+    contact = (torch.cdist(cb.double(), cb.double()) < 8.0) & candidates
+    if not contact.any():
+        return {"interface_lddt": interface_lddt, "interchain_contact_precision": float("nan")}
+    if distogram_logits is not None:
+        upper = torch.linspace(2.0, 22.0, distogram_logits.shape[-1] + 1)[1:].to(distogram_logits.device)
+        predicted = (torch.softmax(distogram_logits.double(), -1) * (upper <= 8.0)).sum(-1)
+    else:
+        predicted = -torch.cdist(pred.double(), pred.double())
+    upper_half = torch.triu(candidates, diagonal=1)
+    k = max(1, int(mask.sum()) // 5)
+    top = torch.topk(predicted[upper_half], min(k, int(upper_half.sum()))).indices
+    return {"interface_lddt": interface_lddt,
+            "interchain_contact_precision": float(contact[upper_half][top].double().mean())}

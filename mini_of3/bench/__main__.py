@@ -13,6 +13,7 @@ SUMMARY = {
     "fit": "train on a few entries and validate on the same ones (can the model fit?)",
     "runs": "training run folders as one result (step time, samples/s, loss against a reference run)",
     "score": "a run's checkpoint scored on whole entries, its training entries included",
+    "sigmoid": "sigmoid attention (dense, padded, packed varlen) against TritonSigmoid and softmax SDPA",
     "conditioning": "does the denoiser read the trunk? (diffusion loss with the trunk's s and z zeroed)",
 }
 USAGE = f"usage: python -m mini_of3.bench {{{'|'.join(COMMANDS)}}} [options]   (<name> --help for its options)"

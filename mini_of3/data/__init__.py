@@ -18,7 +18,8 @@ _LAZY = {
     "ensure_offline_entries": "offline", "fetch_offline_package": "offline",
     "prepare_data": "prepare", "prepare_folder": "prepare",
     "DataLoaders": "dataset", "EpochSampler": "dataset", "ProteinDataset": "dataset", "build_dataloaders": "dataset",
-    "collate": "dataset", "is_validation": "dataset", "sample_weights": "dataset", "select_entries": "dataset",
+    "collate": "dataset", "is_validation": "dataset", "resolve_validation": "dataset", "sample_weights": "dataset",
+    "select_entries": "dataset",
 }
 
 __all__ = [

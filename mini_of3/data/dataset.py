@@ -24,6 +24,7 @@ from .crop import crop_rng, crop_structure
 from .homology import ChainSequence, Homologue, IdentityCache, entry_chains, find_homologues
 from .manifest import ManifestRow, load_prepared, read_manifest
 from .tokens import FEATURE_NAMES, token_features
+from .validation_split import choose_validation
 
 Split = Literal["train", "val", "all"]
 
@@ -78,6 +79,17 @@ def select_entries(rows: Sequence[ManifestRow], cfg: DataConfig, split: Split) -
     return [r for r in kept if is_validation(r, cfg) == (split == "val")]
 
 
+def resolve_validation(prepared: str | Path, cfg: DataConfig) -> DataConfig:
+    """``cfg`` with ``val_ids: auto`` replaced by the entries :func:`.validation_split.choose_validation` picks from
+    the prepared folder (identities cached there); any other ``cfg`` as it is."""
+    if cfg.val_ids != "auto":
+        return cfg
+    prepared = Path(prepared)
+    kept = select_entries(read_manifest(prepared), replace(cfg, val_ids=[], val_after=None), "all")
+    chains = {r.id: _chains(prepared, r) for r in kept}
+    return replace(cfg, val_ids=choose_validation(kept, chains, cfg, IdentityCache(prepared)))
+
+
 def validation_homologues(prepared: Path, rows: Sequence[ManifestRow], train: Sequence[ManifestRow],
                           cfg: DataConfig) -> list[Homologue]:
     """The entries of ``train`` with a chain more than ``cfg.val_identity_cut`` identical to a chain of a validation
@@ -127,6 +139,7 @@ class ProteinDataset(Dataset):
     def __init__(self, prepared: str | Path, cfg: DataConfig, split: Split = "train", seed: int = 0,
                  rows: Sequence[ManifestRow] | None = None, interface_cache: int = 1024):
         self.prepared = Path(prepared)
+        cfg = resolve_validation(self.prepared, cfg)
         self.cfg = cfg
         self.split = split
         self.seed = seed
@@ -340,13 +353,19 @@ def build_dataloaders(cfg: DataConfig, prepared: str | Path, seed: int, rank: in
     batches that are run but not scored so that all ranks run the same number (:func:`validation_batches`;
     ``val_real`` counts the real ones); None when no entry validates.
     """
+    asked = cfg.val_ids or cfg.val_after
+    cfg = resolve_validation(prepared, cfg)
     train = ProteinDataset(prepared, cfg, "train", seed)
     if len(train) == 0:
         raise ValueError(f"{prepared}: no training entries left after the filters and the validation split"
                          + (f" ({len(train.removed)} removed as homologues of validation chains)" if train.removed
                             else ""))
     sampler = EpochSampler(train.weights(), seed, num_samples=cfg.samples_per_epoch, rank=rank, world_size=world_size)
-    val, val_real = _evaluation_loader(ProteinDataset(prepared, cfg, "val", seed), cfg, rank, world_size)
+    validation = ProteinDataset(prepared, cfg, "val", seed)
+    if asked and not len(validation):
+        raise ValueError(f"{prepared}: the validation set is empty (data.val_ids={cfg.val_ids or []}, data.val_after="
+                         f"{cfg.val_after}): name entries of this folder, or data.val_ids=auto")
+    val, val_real = _evaluation_loader(validation, cfg, rank, world_size)
     train_eval, train_eval_real = None, 0
     if cfg.train_eval_ids:
         train_eval, train_eval_real = _evaluation_loader(training_evaluation_set(prepared, cfg, train, seed), cfg,

@@ -18,7 +18,9 @@ def start_lines(cfg: Config, loaders, model: torch.nn.Module, proc: Process, pre
     entries left out as homologues of validation chains."""
     minutes, val = cfg.trainer.max_minutes, loaders.val
     budget = "" if minutes is None else f" or {minutes:g} min of steps ({state.train_s / 60:.1f} done)"
-    val_ids = ", ".join(r.id for r in val.dataset.rows) if val is not None else "none"
+    val_ids = ", ".join(f"{r.id} ({r.tokens})" for r in val.dataset.rows) if val is not None else "none"
+    if cfg.data.val_ids == "auto":
+        val_ids += " (data.val_ids=auto: chosen by size and sequence identity)"
     params = sum(p.numel() for p in model.parameters()) / 1e6
     return [f"mini_of3: {len(loaders.train.dataset)} training entries, validation: {val_ids} | model {params:.2f} M "
             f"parameters | {proc.device}, {proc.world} process(es), precision {precision} | steps {state.step} -> "

@@ -1,111 +1,153 @@
-"""``python -m mini_of3.ablate crops`` on the CPU with the tiny model: two crops, two steps each; the same
-validation tokens for every arm; an interrupted ablation resumes (the finished arm skipped, the other continued from
-its checkpoint); bad arguments are one clear line."""
+"""``python -m mini_of3.ablate crops`` on the CPU with the tiny model: two crops and the schedule from one to the
+other, two seeds, four steps each; whole-entry scoring per split beside the untrained model and a random chain;
+paired comparisons with intervals; an interrupted ablation resumes (finished arms skipped); bad arguments are one
+clear line."""
 from __future__ import annotations
 
 import json
 import os
 import signal
 
+import numpy as np
 import pytest
 
 import mini_of3.trainer as trainer_module
 from mini_of3 import ablate
+from mini_of3.ablation import plan
+from mini_of3.ablation.baselines import random_compact_chain
+from mini_of3.ablation.stats import bootstrap_interval, compare, paired_differences
 from mini_of3.data import read_manifest
 
 from .helpers import TINY_MODEL
 
-ROW_KEYS = {"impl", "N", "activation", "step_s", "peak_mib", "steps", "val_lddt_ca", "val_contact_precision",
-            "val_distogram_loss", "val_entries", "val_tokens", "train_minutes"}
-UNTRAINED_KEYS = ("val_lddt_ca", "val_contact_precision", "val_distogram_loss", "val_tm_score", "val_loss")
+ENTRY_KEYS = {"impl", "seed", "entry", "split", "tokens", "budget", "lddt_ca", "tm_score", "contact_precision",
+              "interchain_contact_precision", "interface_lddt"}
 
 
 def tiny_args(prepared, val_id: str, folder) -> list[str]:
     values = {"wandb": "false", "data.root": prepared, "data.cache_dir": prepared, "data.val_ids": f"[{val_id}]",
-              "data.num_workers": 0, "optim.warmup_steps": 2, "trainer.checkpoint_every": 1, "trainer.val_every": 10,
-              "trainer.val_samples": 1, "trainer.out_dir": folder,
+              "data.num_workers": 0, "optim.warmup_steps": 2, "trainer.val_every": 10, "trainer.val_samples": 1,
+              "trainer.val_sampling_steps": 2, "trainer.out_dir": folder,
               **{f"model.{k}": str(v).lower() if isinstance(v, bool) else v for k, v in TINY_MODEL.items()}}
     return [f"{k}={v}" for k, v in values.items()]
 
 
-def test_two_crops_validate_on_the_same_tokens_and_an_interrupted_ablation_resumes(small_data, tmp_path,
-                                                                                  monkeypatch, capsys):
+def test_arms_train_from_each_seed_and_are_scored_whole_with_paired_intervals(small_data, tmp_path, monkeypatch,
+                                                                               capsys):
     prepared, val_id = small_data
-    val_tokens = next(r.tokens for r in read_manifest(prepared) if r.id == val_id)
+    tokens = {r.id: r.tokens for r in read_manifest(prepared)}
     folder, out = tmp_path / "ablation", tmp_path / "results"
-    argv = ["crops", "configs/default.yaml", "--crops", "16,24", "--steps", "2", "--val-crop", "64", "--out",
-            str(out), "--tag", "t", *tiny_args(prepared, val_id, folder)]
-    assert val_tokens > 16                        # so that a validation crop following the training crop would differ
+    argv = ["crops", "configs/default.yaml", "--crops", "16,24", "--schedule", "16:24", "--seeds", "0,1", "--steps",
+            "4", "--score-steps", "2", "--large-tokens", "60", "--small-tokens", "50", "--out", str(out), "--tag",
+            "t", *tiny_args(prepared, val_id, folder)]
 
-    # the first run: SIGTERM in the second arm's second step stops it at a checkpoint of step 1
-    trained, real_run, real_losses = [], ablate.run_trainer, trainer_module.compute_losses
+    # the first run: SIGTERM in seed 1's crop24 arm stops the ablation at a checkpoint
+    real_losses, calls = trainer_module.compute_losses, {"n": 0}
 
-    def spy(cfg):
-        trained.append(cfg.data.crop_size)
-        return real_run(cfg)
-
-    def stop_second_arm(outputs, batch, cfg):
-        if trained[-1] == 24:
-            stop_second_arm.steps += 1
-            if stop_second_arm.steps == 2:
-                os.kill(os.getpid(), signal.SIGTERM)
+    def stop_in_seed_1(outputs, batch, cfg):
+        calls["n"] += 1
+        if calls["n"] == 9 + 5 + 2:      # seed 0: crop16 to step 3, the schedule's step 4, crop16's step 4, crop24's
+            os.kill(os.getpid(), signal.SIGTERM)      # 4 steps; seed 1 likewise to crop24, whose second step stops
         return real_losses(outputs, batch, cfg)
-    stop_second_arm.steps = 0
 
-    monkeypatch.setattr(ablate, "run_trainer", spy)
-    monkeypatch.setattr(trainer_module, "compute_losses", stop_second_arm)
-    with pytest.raises(SystemExit, match="crop24: stopped by SIGTERM at step 1; run the same command again"):
+    monkeypatch.setattr(trainer_module, "compute_losses", stop_in_seed_1)
+    with pytest.raises(SystemExit, match="seed 1 crop24: stopped by SIGTERM at step 1; run the same command again"):
         ablate.main(argv)
-    assert trained == [16, 24] and (folder / "crop16" / "arm.json").is_file()
-    assert not (folder / "crop24" / "arm.json").exists() and (folder / "crop24" / "checkpoints" / "step_1").is_dir()
+    assert (folder / "seed0" / "finetune16to24" / "arm.json").is_file()
+    assert not (folder / "seed0" / "crop16" / "checkpoints").exists()          # scored: checkpoints removed
 
-    # the second run skips crop16 and resumes crop24 from step 1
     monkeypatch.setattr(trainer_module, "compute_losses", real_losses)
     capsys.readouterr()
     ablate.main(argv)
     captured = capsys.readouterr()
-    assert trained == [16, 24, 24]
-    assert "arm 1/2 crop16: finished before" in captured.err and "resuming from" in captured.out
+    assert "seed 0 crop16: finished before, skipped" in captured.err and "resuming from" in captured.out
 
     result = json.loads((out / "ablation_crops_t.json").read_text())
     assert result["bench"] == "ablation" and result["command"].startswith("python -m mini_of3.ablate")
-    assert {"device", "torch", "triton", "commit", "versions"} <= set(result)
     assert (out / "ablation_crops_t.png").read_bytes()[:4] == b"\x89PNG"
+    assert [a["name"] for a in result["arms"]] == ["crop16", "crop24", "finetune16to24"]
     rows = result["rows"]
-    assert [(r["impl"], r["N"]) for r in rows] == [("untrained", None), ("crop", 16), ("crop", 24)]
-    assert all(ROW_KEYS <= set(r) for r in rows)
-    for row in rows[1:]:
-        assert row["steps"] == 2 and row["peak_mib"] is None and row["step_s"] > 0 and row["activation"] == "softmax"
-        assert 0 <= row["val_lddt_ca"] <= 1 and row["val_distogram_loss"] > 0
-    # every arm (and the untrained model) validated the same entry, whole, whatever its training crop
-    assert all(r["val_entries"] == [val_id] and r["val_tokens"] == [val_tokens] for r in rows)
-    arms = [json.loads((folder / name / "arm.json").read_text()) for name in ("crop16", "crop24")]
-    assert [a["untrained"][k] for a in arms for k in UNTRAINED_KEYS] == 2 * [rows[0][k] for k in UNTRAINED_KEYS]
-    steps = [json.loads(line)["step"] for line in (folder / "crop24" / "log.jsonl").read_text().splitlines()]
-    assert steps == [0, 1, 2, 2]                  # step-0 validation, steps 1 and 2 (resumed), the last validation
-    assert "untrained" in captured.out and "crop" in captured.out          # the table, printed last
+    summaries = [r for r in rows if not r.get("entry")]
+    assert sorted((r["arm"], r["seed"]) for r in summaries) == sorted(
+        (a, s) for a in ("crop16", "crop24", "finetune16to24") for s in (0, 1))
+    assert all(r["step"] == 4 and r["step_s"] > 0 and r["gpu_minutes"] > 0 for r in summaries)
+    entries = [r for r in rows if r.get("entry")]
+    assert all(ENTRY_KEYS <= set(r) for r in entries)
+    splits = {r["entry"]: r["split"] for r in entries}
+    assert splits[val_id] == "val" and all(tokens[e] > 60 for e, s in splits.items() if s == "train_large")
+    assert {"train_large", "train_small", "val"} <= set(splits.values())
+    assert all(r["tokens"] == tokens[r["entry"]] for r in entries)             # whole entries, never cropped
+    for impl in ("untrained", "random_chain"):
+        assert {(r["seed"], r["entry"]) for r in entries if r["impl"] == impl} == {
+            (s, e) for s in (0, 1) for e in splits}
+    for arm in ("crop16", "crop24", "finetune16to24"):
+        for budget in ("steps", "time"):
+            scored = [r for r in entries if r.get("arm") == arm and r["budget"] == budget]
+            assert len(scored) == 2 * len(splits) and all(0 <= r["lddt_ca"] <= 1 for r in scored)
+    # the schedule arm shares crop16's first three steps: its log starts after them
+    finetune_log = (folder / "seed0" / "finetune16to24" / "log.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in finetune_log if json.loads(line)["split"] == "train"] == [4]
+    pairs = {(c["a"], c["b"], c["split"], c["metric"], c["budget"]) for c in result["comparisons"]}
+    assert ("crop24", "crop16", "train_large", "lddt_ca", "steps") in pairs
+    assert ("finetune16to24", "crop24", "val", "tm_score", "time") in pairs
+    assert ("crop16", "random_chain", "train_small", "lddt_ca", "steps") in pairs
+    main = next(c for c in result["comparisons"] if c["a"] == "crop24" and c["b"] == "crop16"
+                and c["split"] == "train_large" and c["metric"] == "lddt_ca" and c["budget"] == "steps")
+    assert main["lo"] <= main["mean"] <= main["hi"] and main["seeds"] == 2
+    assert "a - b" in captured.out                                          # the comparison table, printed last
 
-    # a finished ablation runs nothing; another budget in the same folder is refused
+    # a finished ablation trains nothing; another step budget in the same folder is refused
     ablate.main(argv)
-    assert trained == [16, 24, 24]
-    with pytest.raises(SystemExit, match="holds an ablation with another budget"):
-        ablate.main([a if a != "2" else "3" for a in argv])
+    assert "finished before" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="holds an ablation with another steps"):
+        ablate.main([a if a != "4" else "6" for a in argv])
+
+
+def test_the_schedule_arm_starts_from_its_first_crop_at_three_quarters():
+    arms = plan.plan_arms([256, 384, 768], (384, 768), None, "softmax")
+    assert [a.name for a in arms] == ["crop256", "crop384", "crop768", "finetune384to768"]
+    assert plan.finetune_start(1000) == 750 and plan.finetune_start(1000) % plan.checkpoint_every(1000) == 0
+    keys = dict(k.split("=", 1) for k in plan.arm_overrides(arms[-1], plan.Path("f"), 2, 1000, started=False))
+    assert keys["trainer.resume"] == "f/seed2/crop384/checkpoints/step_750" and keys["data.crop_size"] == "768"
+    assert "trainer.resume" not in dict(k.split("=", 1) for k in plan.arm_overrides(arms[-1], plan.Path("f"), 2,
+                                                                                      1000, started=True))
+    with pytest.raises(ValueError, match="--schedule 512:768: 512 must be one of --crops"):
+        plan.plan_arms([256, 384], (512, 768), None, "softmax")
+
+
+def test_paired_differences_and_their_bootstrap_interval():
+    rng = np.random.default_rng(0)
+    a = {(s, e): rng.normal(0.5, 0.1) for s in range(3) for e in range(12)}
+    b = {k: v - 0.05 + rng.normal(0, 0.01) for k, v in a.items()}
+    b[(0, 0)] = float("nan")
+    d, seeds, entries = paired_differences(a, b)
+    assert d.shape == (3, 12) and np.isnan(d[0, 0]) and seeds == [0, 1, 2]
+    out = compare(a, b)
+    assert out["pairs"] == 35 and out["lo"] < 0.05 < out["hi"] and out["hi"] - out["lo"] < 0.03
+    same = bootstrap_interval(np.zeros((3, 5)))
+    assert same == (0.0, 0.0, 0.0)
+    assert all(np.isnan(v) for v in bootstrap_interval(np.full((2, 2), np.nan)))
+
+
+def test_a_random_compact_chain_has_chain_geometry_and_a_protein_s_size():
+    x = random_compact_chain(150, np.random.default_rng(1))
+    bonds = np.linalg.norm(np.diff(x, axis=0), axis=1)
+    assert np.allclose(bonds, 3.8, atol=1e-4)
+    radius_of_gyration = np.sqrt(((x - x.mean(0)) ** 2).sum(-1).mean())
+    assert 0.5 * 2.2 * 150 ** 0.38 < radius_of_gyration < 1.3 * 2.2 * 150 ** 0.38
 
 
 @pytest.mark.parametrize("argv,message", [
     (["crops", "--crops", "256,abc"], "--crops: expected comma-separated crop sizes (integers >= 1), got '256,abc'"),
-    (["crops", "--crops", ","], "--crops: expected comma-separated crop sizes"),
     (["crops", "--crops", "0,256"], "--crops: expected comma-separated crop sizes"),
     (["crops", "--crops", "256,256"], "--crops: '256,256' names one value twice"),
-    (["crops", "--minutes", "5", "--steps", "10"], "--minutes and --steps: give one training budget, not both"),
-    (["crops", "--minutes", "0"], "--minutes must be > 0"),
-    (["crops", "--steps", "0"], "--steps must be >= 1"),
+    (["crops", "--seeds", "a"], "--seeds: expected comma-separated seeds (integers >= 0)"),
+    (["crops", "--schedule", "768"], "--schedule: expected START:END crops (e.g. 384:768) or none"),
     (["crops", "--activation", "relu"], "--activation: expected comma-separated activations (softmax, sigmoid)"),
-    (["crops", "--val-crop", "0"], "--val-crop must be >= 1"),
+    (["crops", "--score-samples", "0"], "--score-samples and --score-steps must be >= 1"),
     (["crops", "configs/nope.yaml"], "config 'configs/nope.yaml' not found"),
     (["crops", "configs/default.yaml", "stray"], "unexpected argument 'stray'"),
-    (["crops", "data.crop_size=64"], "data.crop_size: set by the ablation itself"),
-    (["crops", "--steps", "5", "trainer.max_steps=9"], "trainer.max_steps: set by the ablation itself"),
+    (["crops", "seed=3"], "seed: set by the ablation"),
     (["crops", "model.nope=1"], "config: unknown config key 'model.nope'"),
 ])
 def test_bad_arguments_give_one_clear_line(argv, message):
@@ -118,10 +160,12 @@ def test_no_data_and_no_validation_entries_are_one_clear_line(small_data, tmp_pa
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(SystemExit) as exit_info:
-        ablate.main(["crops", "--steps", "1", f"data.root={empty}", f"data.cache_dir={tmp_path / 'cache'}",
-                     "data.offline_package=false", f"trainer.out_dir={tmp_path / 'a'}"])
+        ablate.main(["crops", "configs/default.yaml", "--steps", "1", f"data.root={empty}",
+                     f"data.cache_dir={tmp_path / 'cache'}", "data.offline_package=false",
+                     f"trainer.out_dir={tmp_path / 'a'}"])
     assert str(exit_info.value).startswith(f"data.root={empty}: ") and "\n" not in str(exit_info.value)
     prepared, _ = small_data
     with pytest.raises(SystemExit, match="no validation entries"):
-        ablate.main(["crops", "--steps", "1", f"data.root={prepared}", f"data.cache_dir={prepared}",
-                     "data.val_ids=[]", "data.val_after=null", f"trainer.out_dir={tmp_path / 'b'}"])
+        ablate.main(["crops", "configs/default.yaml", "--steps", "1", f"data.root={prepared}",
+                     f"data.cache_dir={prepared}", "data.val_ids=[]", "data.val_after=null",
+                     f"trainer.out_dir={tmp_path / 'b'}"])

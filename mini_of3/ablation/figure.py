@@ -1,0 +1,66 @@
+"""The ablation's figure: whole-entry quality against the arm, per split, with bootstrap intervals over seeds and
+entries, the random chain and the untrained model beside; then step time and peak memory against the crop."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .stats import bootstrap_interval
+
+SPLITS = ("train_large", "train_small", "val")
+
+
+def arm_values(rows: list[dict], impl: str, split: str, metric: str, name: str | None = None,
+               budget: str = "steps") -> np.ndarray:
+    """``[seeds, entries]`` values of one arm (``name``) or baseline (``impl``) on ``split`` (NaN where missing)."""
+    picked = [r for r in rows if r.get("entry") and r["split"] == split and r["impl"] == impl
+              and (name is None or r.get("arm") == name) and r.get("budget", "steps") == budget]
+    seeds = sorted({r["seed"] for r in picked})
+    entries = sorted({r["entry"] for r in picked})
+    values = np.full((len(seeds), len(entries)), np.nan)
+    for r in picked:
+        value = r.get(metric)
+        values[seeds.index(r["seed"]), entries.index(r["entry"])] = np.nan if value is None else value
+    return values
+
+
+def plot(result: dict, path: Path, metric: str = "lddt_ca") -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows, arms = result["rows"], result["arms"]
+    names = [a["name"] for a in arms]
+    fig, axes = plt.subplots(1, len(SPLITS) + 2, figsize=(4.2 * (len(SPLITS) + 2), 4.2))
+    x = np.arange(len(names))
+    for ax, split in zip(axes, SPLITS):
+        for budget, offset, color in (("steps", -0.1, "C0"), ("time", 0.1, "C1")):
+            stats = [bootstrap_interval(arm_values(rows, a["impl"], split, metric, a["name"], budget)) for a in arms]
+            means = np.array([s[0] for s in stats])
+            if not np.isfinite(means).any():
+                continue
+            errors = np.abs(np.array([[s[0] - s[1], s[2] - s[0]] for s in stats]).T)
+            ax.errorbar(x + offset, means, yerr=errors, fmt="o", color=color, capsize=3,
+                        label=f"equal {'steps' if budget == 'steps' else 'GPU time'}")
+        for impl, style in (("random_chain", ":"), ("untrained", "--")):
+            base = bootstrap_interval(arm_values(rows, impl, split, metric))[0]
+            if np.isfinite(base):
+                ax.axhline(base, color="grey", ls=style, lw=1, label=impl.replace("_", " "))
+        ax.set(title=f"{split} ({metric})", xticks=x)
+        ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    summaries = [r for r in rows if not r.get("entry") and r["impl"] in ("crop", "finetune", "activation")]
+    for ax, key, label in ((axes[-2], "step_s", "median step (s)"), (axes[-1], "peak_mib", "peak memory (MiB)")):
+        for i, name in enumerate(names):
+            values = [r[key] for r in summaries if r["arm"] == name and r.get(key) is not None]
+            if values:
+                ax.plot([i] * len(values), values, "o", color="C2")
+        ax.set(ylabel=label, xticks=x)
+        ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{result.get('kind', 'crops')} ablation: {result.get('steps')} steps per arm, "
+                 f"{len(result.get('seeds', []))} seeds; whole entries, 95 % intervals over seeds and entries")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
