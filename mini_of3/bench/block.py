@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--impls", default="torch,torch_compile,mini_of3,cueq")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default="runs/bench", help="folder of the JSON and PNG (default: runs/bench)")
     parser.add_argument("--tag", default="")
     args, overrides = parser.parse_known_args(argv)
     impls = [i for i in args.impls.split(",") if i]

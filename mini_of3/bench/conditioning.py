@@ -30,7 +30,7 @@ import torch
 
 from mini_of3.bench.common import print_table, result_header, write_json
 from mini_of3.bench.fit import parse_ids
-from mini_of3.bench.score import add_sampling_options, find_entries, sampling_device
+from mini_of3.bench.score import add_sampling_options, find_entries, run_folder, sampling_device
 from mini_of3.losses import diffusion_mse_per_sample
 from mini_of3.metrics import lddt_ca
 from mini_of3.model.diffusion import chain_interior
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
               "lddt": statistics.mean(r["sample_lddt_ca"] for r in result["rows"] if r["arm"] == arm)}
              for arm in ARMS]
     result["means"] = means
-    out = Path(args.out)
+    out = Path(args.out) if args.out else run_folder(folder)
     name = f"conditioning{('_' + args.tag) if args.tag else ''}.json"
     write_json(result, out / name)
     print_table(means, [("arm", "arm", "s"), *((f"mse {lv:g}", f"MSE s/sd={lv:g}", ".3f") for lv in LEVELS),

@@ -143,7 +143,7 @@ def report_run(run_dir: Path, args) -> None:
         raise SystemExit(f"--report {run_dir}: not a run folder (no log.jsonl and config.yaml)")
     ran = load(str(run_dir / "config.yaml"), [])
     report(run_dir, args.name or run_dir.name, args.config, list(ran.data.train_ids), ran.trainer.max_steps,
-           ran.trainer.val_every, Path(args.out), args.tag)
+           ran.trainer.val_every, Path(args.out or run_dir), args.tag)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", default=None, help="a prepared folder (default: the config's data.root, "
                         "prepared into data.cache_dir)")
     parser.add_argument("--name", default=None, help="the run's name: impl in the rows (default fit<number of ids>)")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=None, help="folder of the JSON and PNG (default: the run folder)")
     parser.add_argument("--tag", default="", help="suffix of the result file names")
     parser.add_argument("--report", default=None, metavar="RUN_DIR",
                         help="train nothing: write the result of an existing fit run (one stopped early too) from its "
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     check_entries(prepared, ids, cfg.data)
     done = run_trainer(cfg)
 
-    report(done.out_dir, name, args.config, ids, args.steps, every, Path(args.out), args.tag)
+    report(done.out_dir, name, args.config, ids, args.steps, every, Path(args.out or done.out_dir), args.tag)
 
 if __name__ == "__main__":
     main()

@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--check-ns", default="all", help="N values with float64 errors and bitwise repeats")
     parser.add_argument("--reps", type=int, default=10, help="timed calls per round (their median is the round's)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over all implementations, interleaved")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default="runs/bench", help="folder of the JSON and PNG (default: runs/bench)")
     parser.add_argument("--tag", default="", help="suffix of the result file names")
     args = parser.parse_args(argv)
     names = parse_list(args.impls, "impls", str, FACTORIES)

@@ -23,7 +23,9 @@ from pathlib import Path
 import torch
 
 from mini_of3.bench.common import print_table, result_header, write_json
-from mini_of3.predict import MMCIF_SUFFIXES, load_model, read_query, sample_ranked
+from mini_of3.data import MmcifError
+from mini_of3.data.prepare import MMCIF_SUFFIXES
+from mini_of3.predict import load_model, read_query, sample_ranked
 
 METRICS = ("lddt_ca", "tm_score", "tm_score_mirror", "rmsd", "plddt", "mirrored_fraction")
 
@@ -55,6 +57,11 @@ def score_entry(model, query, device: torch.device, *, steps: int, samples: int,
             **{k: float(top[k]) for k in METRICS if k in top}, "mirrored_fraction": mirrored}
 
 
+def run_folder(checkpoint: Path) -> Path:
+    """The run folder of a checkpoint folder (``<run>/checkpoints/step_<N>``)."""
+    return checkpoint.parent.parent
+
+
 def _ids(text: str | None) -> list[str] | None:
     return None if text is None else [i.strip().upper() for i in text.split(",") if i.strip()]
 
@@ -68,7 +75,7 @@ def add_sampling_options(parser: argparse.ArgumentParser, samples: int, samples_
     parser.add_argument("--steps", type=int, default=None, help="EDM steps (default: the model's sampling_steps)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default=None)
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=None, help="folder of the JSON (default: the checkpoint's run folder)")
     parser.add_argument("--tag", default="")
 
 
@@ -95,7 +102,11 @@ def main(argv: list[str] | None = None) -> None:
     result = result_header("score")
     result.update({"checkpoint": str(folder), "step": state.get("step"), "samples": args.samples, "steps": steps})
     for path in find_entries(Path(args.mmcif), _ids(args.ids), set(_ids(args.exclude) or [])):
-        query = read_query(path)
+        try:
+            query = read_query(path)
+        except (MmcifError, ValueError) as err:            # an unusable file: one line, and on to the next
+            print(f"skipped {path}: {err}", flush=True)
+            continue
         if args.max_tokens is not None and len(query.features["restype"]) > args.max_tokens:
             continue
         row = {**score_entry(model, query, device, steps=steps, samples=args.samples, seed=args.seed),
@@ -108,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     if not rows:
         raise SystemExit("no entry to score (check --mmcif, --ids, --exclude and --max-tokens)")
     result["means"] = {k: statistics.mean(r[k] for r in rows) for k in METRICS}
-    out = Path(args.out)
+    out = Path(args.out) if args.out else run_folder(folder)
     name = f"score{('_' + args.tag) if args.tag else ''}.json"
     write_json(result, out / name)
     print_table(rows + [{"entry": "mean", "N": None, **result["means"]}],

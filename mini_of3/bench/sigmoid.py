@@ -408,7 +408,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--sweep", action="store_true", help="tune our tiles and sigmoid evaluation instead")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, errors on one head")
-    parser.add_argument("--out", default="bench_results")
+    parser.add_argument("--out", default="runs/bench", help="folder of the JSON and PNG (default: runs/bench)")
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
     if args.quick:

@@ -504,7 +504,7 @@ def main(argv: list[str] | None = None) -> None:
                         f"an arm whose last one takes over {SLOW_STEP_S:.0f} s is not timed at this crop or above)")
     parser.add_argument("--profile-crops", default=None,
                         help="crops whose GPU time is broken down by a profiled step (default: the largest)")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default="runs/bench", help="folder of the JSON and PNG (default: runs/bench)")
     parser.add_argument("--tag", default="", help="suffix of the result file names")
     args, overrides = parser.parse_known_args(argv)   # key=value overrides of the config, as for train.py
     args.config, cfg = load_bench_config(args.config, overrides, DEFAULT_CONFIG, ("model.n_recycles=0",))

@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default="runs/bench", help="folder of the JSON and PNG (default: runs/bench)")
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
     ns = _int_list(args.ns, "ns")

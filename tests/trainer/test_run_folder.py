@@ -262,3 +262,37 @@ def test_predict_refuses_before_sampling(reference_run, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "5000 residues need at least" in err and "GiB on cpu" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+# ---- entry points ---------------------------------------------------------------------------------------------
+
+ENTRY_POINTS = [["train.py"], ["-m", "mini_of3.predict"], ["-m", "mini_of3.ablate"], ["-m", "mini_of3.bench"],
+                *(["-m", "mini_of3.bench", name] for name in ("kernels", "step", "block", "fit", "runs", "trimul",
+                                                               "score", "sigmoid", "conditioning")),
+                ["-m", "mini_of3.data.fetch"], ["-m", "mini_of3.data.prepare"], ["-m", "mini_of3.data.bench_loader"],
+                ["-m", "mini_of3.model.flops"]]
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS, ids=lambda e: " ".join(e))
+def test_every_entry_point_answers_help_with_exit_0(entry):
+    done = subprocess.run([sys.executable, *entry, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0 and "Traceback" not in done.stderr, describe(done)
+    assert "usage" in (done.stdout + done.stderr).lower() or "accelerate launch train.py" in done.stdout
+
+
+def test_bench_score_skips_unusable_files_with_one_line_each(reference_run, shared_mmcif, tmp_path, capsys):
+    from mini_of3.bench import score
+    folder = tmp_path / "mmcif"
+    folder.mkdir()
+    for pdb_id in ("1L2Y", "1FIX"):                 # 1FIX: nucleic acids only, no protein chain to keep
+        if not (shared_mmcif / f"{pdb_id}.cif.gz").is_file():
+            pytest.skip(f"{pdb_id} is only in the shared entries")
+        shutil.copy(shared_mmcif / f"{pdb_id}.cif.gz", folder)
+    (folder / "9BAD.cif").write_text("data_9BAD\n_this is not mmCIF\n")
+    run = copy_run(reference_run, tmp_path / "run")
+    score.main([str(run), "--mmcif", str(folder), "--samples", "1", "--steps", "2", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert f"skipped {folder / '1FIX.cif.gz'}: " in out and f"skipped {folder / '9BAD.cif'}: " in out
+    result = json.loads((run / "score.json").read_text())                        # in the run folder by default
+    assert [r["entry"] for r in result["rows"]] == ["1L2Y"]
