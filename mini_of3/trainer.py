@@ -312,7 +312,8 @@ class Trainer:
         """Validate the EMA weights on the validation entries (and score ``data.train_eval_ids`` the same way after,
         logged as split ``train_eval``), plot; returns the validation metrics (None without validation entries)."""
         metrics, s, loaders = None, self.state, self.loaders
-        common = dict(step=s.step, log=self.log, autocast=self.acc.autocast, beat=self.watchdog.beat)
+        common = dict(step=s.step, log=self.log, autocast=self.acc.autocast, beat=self.watchdog.beat,
+                      with_baseline=s.step == 0 and self.resumed is None)
         if loaders.val is None:
             if s.step == 0:
                 self.say("no validation entries (data.val_ids / data.val_after): validation is skipped")

@@ -20,7 +20,7 @@ import torch
 from ..config import DataConfig
 from ..data import ProteinDataset, load_prepared, token_features
 from ..metrics import interface_metrics, structure_metrics
-from .baselines import random_compact_chain
+from ..baselines import random_compact_chain
 
 LARGE = 384                 # train_large: more tokens than this
 SMALL = 256                 # train_small: at most this many tokens

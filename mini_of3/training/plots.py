@@ -67,6 +67,11 @@ def plot_validation(rows: list[dict], path: str | Path, title: str = "") -> Path
     s, v = _series([r for r in rows if r.get("split") == "train_eval"], "lddt_ca")    # data.train_eval_ids
     if v:
         ax_scores.plot(s, v, "s--", color="C0", alpha=0.6, label="lddt_ca, training entries")
+    for split, label in (("val", "validation"), ("train_eval", "training entries")):
+        baseline = [r for r in rows if r.get("split") == f"{split}_random_chain" and r.get("lddt_ca") is not None]
+        if baseline:
+            ax_scores.axhline(baseline[0]["lddt_ca"], color="grey", ls=":" if split == "val" else "-.", lw=1.2,
+                              label=f"lddt_ca of a random compact chain, {label}")
     ax_scores.set(xlabel="step", ylabel="score", ylim=(0, 1), title=title or "validation (EMA weights)")
 
     s, v = _series(val, "rmsd")

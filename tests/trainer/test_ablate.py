@@ -14,7 +14,7 @@ import pytest
 import mini_of3.trainer as trainer_module
 from mini_of3 import ablate
 from mini_of3.ablation import plan
-from mini_of3.ablation.baselines import random_compact_chain
+from mini_of3.baselines import random_compact_chain
 from mini_of3.ablation.stats import bootstrap_interval, compare, paired_differences
 from mini_of3.data import read_manifest
 
