@@ -92,8 +92,11 @@ class DataConfig:
     train_ids: Ids = field(default_factory=list)  # when set, train on these entries only; one named here and in
                                              # val_ids is trained on too, on purpose (a fit check: bench fit)
     val_after: str | None = None             # else: entries released after this date (YYYY-MM-DD) validate
-    train_eval_ids: Ids = field(default_factory=list)  # training entries also scored at every validation, as the
-                                             # validation entries are (logged as split "train_eval")
+    train_eval_ids: Annotated[list[str] | Literal["auto"], BeforeValidator(_split_commas),
+                              Expected("a list of entry ids, or auto")] = field(default_factory=list)
+                                             # training entries also scored at every validation, as the validation
+                                             # entries are (logged as split "train_eval"); auto: the smallest, the
+                                             # median and the largest training entry
     val_identity_cut: Annotated[Fraction, Expected("a fraction in [0, 1] or null")] | None = 0.4
                                              # training entries with a chain more identical than this to a validation
                                              # chain are left out (AF3, OpenFold3: 0.4); None: split by entry id only
@@ -120,7 +123,8 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         named = [] if self.val_ids == "auto" else self.val_ids
-        shared = sorted({v.upper() for v in named} & {t.upper() for t in self.train_eval_ids})
+        scored = [] if self.train_eval_ids == "auto" else self.train_eval_ids
+        shared = sorted({v.upper() for v in named} & {t.upper() for t in scored})
         if shared:
             raise Invalid("train_eval_ids", self.train_eval_ids,
                           f"training entries, none of data.val_ids (both name {', '.join(shared)})")

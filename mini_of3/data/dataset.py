@@ -367,6 +367,10 @@ def build_dataloaders(cfg: DataConfig, prepared: str | Path, seed: int, rank: in
                          f"{cfg.val_after}): name entries of this folder, or data.val_ids=auto")
     val, val_real = _evaluation_loader(validation, cfg, rank, world_size)
     train_eval, train_eval_real = None, 0
+    if cfg.train_eval_ids == "auto":                    # the smallest, median and largest training entry
+        by_size = sorted((r for r in train.rows if not is_validation(r, cfg)), key=lambda r: (r.tokens, r.id))
+        chosen = sorted({by_size[i].id for i in (0, len(by_size) // 2, -1)}) if by_size else []
+        cfg = replace(cfg, train_eval_ids=chosen)
     if cfg.train_eval_ids:
         train_eval, train_eval_real = _evaluation_loader(training_evaluation_set(prepared, cfg, train, seed), cfg,
                                                          rank, world_size)

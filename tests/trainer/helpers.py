@@ -31,6 +31,7 @@ def tiny_overrides(prepared: Path, out_dir: Path, val_id: str, **extra) -> list[
     """``key=value`` overrides of a 6-step run of the tiny model on ``prepared`` (checkpoints and validation every 3
     steps), with ``extra`` (``trainer__max_steps=4`` style keys) on top."""
     values = {"wandb": "false", "data.root": prepared, "data.cache_dir": prepared, "data.val_ids": f"[{val_id}]",
+              "data.train_eval_ids": "[]",
               "data.crop_size": 32, "data.num_workers": 0, "data.batch_size": 1, "optim.warmup_steps": 2,
               "optim.lr": "1e-3", "trainer.max_steps": 6, "trainer.checkpoint_every": 3, "trainer.val_every": 3,
               "trainer.keep_last": 2, "trainer.out_dir": out_dir, "trainer.val_samples": 2}

@@ -26,6 +26,7 @@ ENTRY_KEYS = {"impl", "seed", "entry", "split", "tokens", "budget", "lddt_ca", "
 
 def tiny_args(prepared, val_id: str, folder) -> list[str]:
     values = {"wandb": "false", "data.root": prepared, "data.cache_dir": prepared, "data.val_ids": f"[{val_id}]",
+              "data.train_eval_ids": "[]",
               "data.num_workers": 0, "optim.warmup_steps": 2, "trainer.val_every": 10, "trainer.val_samples": 1,
               "trainer.val_sampling_steps": 2, "trainer.out_dir": folder,
               **{f"model.{k}": str(v).lower() if isinstance(v, bool) else v for k, v in TINY_MODEL.items()}}
