@@ -47,9 +47,9 @@ class Tiles:
 # 8 warps (two warpgroups of 64 rows) for 128-row tiles; not yet timed against the alternatives that
 # `python -m mini_of3.bench sigmoid --sweep` measures
 DEFAULT_TILES = {
-    32: Tiles(128, 64, 8, 3, 64, 128, 8, 3, 128, 64, 8, 3, "newton2"),
-    64: Tiles(128, 64, 8, 3, 64, 128, 8, 3, 128, 64, 8, 3, "newton2"),
-    128: Tiles(128, 64, 8, 3, 32, 128, 8, 3, 128, 64, 8, 2, "newton2"),
+    32: Tiles(128, 64, 8, 3, 64, 128, 8, 3, 128, 64, 8, 3, "rcp"),
+    64: Tiles(64, 32, 4, 3, 32, 64, 4, 3, 64, 64, 4, 3, "rcp"),
+    128: Tiles(64, 32, 4, 3, 32, 64, 4, 3, 64, 32, 4, 3, "rcp"),
 }
 # float32 inputs (a checking path: 3xTF32 products, exact sigmoid; small tiles fit shared memory at D = 128)
 FLOAT32_TILES = Tiles(32, 32, 4, 1, 32, 32, 4, 1, 32, 32, 4, 1, "exact")
