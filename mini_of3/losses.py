@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from mini_of3.config import LossConfig
-from mini_of3.metrics import LDDT_THRESHOLDS, kabsch, lddt_ca_per_token
+from mini_of3.geometry import kabsch
+from mini_of3.metrics import LDDT_THRESHOLDS, lddt_ca_per_token
 
 LOSS_PARTS = ("distogram", "diffusion", "smooth_lddt", "plddt")     # the parts of the total, as compute_losses names them
 

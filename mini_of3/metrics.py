@@ -11,73 +11,14 @@ import math
 
 import torch
 
+from .geometry import kabsch, rotation_from_covariance, superpose
+
 LDDT_THRESHOLDS = (0.5, 1.0, 2.0, 4.0)
 
 
 def _as_batch(*tensors: torch.Tensor) -> tuple[bool, list[torch.Tensor]]:
     single = tensors[0].dim() == 2
     return single, [t[None] if single else t for t in tensors]
-
-
-# ---- superposition --------------------------------------------------------------------------------------------
-
-
-def _rotation(h: torch.Tensor, squarings: int = 32) -> torch.Tensor:
-    """The proper rotation R maximising trace(R h) for covariances h = sum_l w_l x_l y_l^T: [..., 3, 3].
-
-    Horn's quaternion method (J. Opt. Soc. Am. A 4, 629, 1987): R is the rotation of the unit quaternion that is the
-    top eigenvector of a symmetric 4 x 4 matrix of h. The eigenvector comes from repeated squaring of that matrix,
-    shifted to be positive semi-definite (its eigenvalues lie within +-sum of h's singular values <= sqrt(3) |h|_F):
-    after k squarings the other eigenvalues have shrunk by (ratio)^(2^k), so 32 squarings resolve gaps down to
-    ~1e-9 of the spread. Unlike an SVD, nothing here waits for the GPU (torch's CUDA SVD checks its convergence on
-    the host): the training loss aligns every step without a synchronisation. A zero h gives the identity.
-    """
-    hxx, hxy, hxz, hyx, hyy, hyz, hzx, hzy, hzz = h.flatten(-2).unbind(-1)
-    n = torch.stack([
-        hxx + hyy + hzz, hyz - hzy, hzx - hxz, hxy - hyx,
-        hyz - hzy, hxx - hyy - hzz, hxy + hyx, hzx + hxz,
-        hzx - hxz, hxy + hyx, -hxx + hyy - hzz, hyz + hzy,
-        hxy - hyx, hzx + hxz, hyz + hzy, -hxx - hyy + hzz,
-    ], dim=-1).view(*h.shape[:-2], 4, 4)
-    shift = 3 ** 0.5 * h.flatten(-2).norm(dim=-1) + 1e-30                       # [...]
-    eye = torch.eye(4, dtype=h.dtype, device=h.device)
-    eye = eye + 1e-12 * eye[:, :1] * eye[:1, :]          # ties (h = 0) go to the identity; no host-to-device copy
-    a = n + shift[..., None, None] * eye                                        # [..., 4, 4], PSD
-    for _ in range(squarings):
-        a = a / a.flatten(-2).norm(dim=-1)[..., None, None]
-        a = a @ a
-    column = torch.diagonal(a, dim1=-2, dim2=-1).argmax(-1)                     # [...]: a ~ q q^T
-    q = torch.take_along_dim(a, column[..., None, None].expand(*a.shape[:-1], 1), dim=-1)[..., 0]
-    return rotation_from_quaternion(q)
-
-
-def rotation_from_quaternion(q: torch.Tensor) -> torch.Tensor:
-    """Rotation matrices [..., 3, 3] of (unnormalised) quaternions q [..., 4] = (w, x, y, z)."""
-    w, x, y, z = (q / q.norm(dim=-1, keepdim=True)).unbind(-1)
-    return torch.stack([
-        1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
-    ], dim=-1).view(*q.shape[:-1], 3, 3)
-
-
-def kabsch(mobile: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted least-squares rigid superposition (Kabsch; AF3 SI Alg 28), no reflections, in float64.
-
-    mobile, target: [..., N, 3]; weights: [..., N] (0 = ignore). Returns R [..., 3, 3] and t [..., 1, 3] such that
-    ``mobile @ R.transpose(-1, -2) + t`` is closest to target. Not differentiable by design (callers detach).
-    """
-    x, y, w = mobile.detach().double(), target.detach().double(), weights.detach().double()[..., None]
-    w_sum = w.sum(-2, keepdim=True).clamp(min=1e-12)
-    x_c, y_c = (x * w).sum(-2, keepdim=True) / w_sum, (y * w).sum(-2, keepdim=True) / w_sum
-    r = _rotation(((x - x_c) * w).transpose(-1, -2) @ (y - y_c))
-    return r, y_c - x_c @ r.transpose(-1, -2)
-
-
-def superpose(mobile: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """mobile moved onto target by the weighted Kabsch fit: [..., N, 3] (float64, no gradient)."""
-    r, t = kabsch(mobile, target, weights)
-    return mobile.detach().double() @ r.transpose(-1, -2) + t
 
 
 # ---- lDDT, RMSD -----------------------------------------------------------------------------------------------
@@ -144,7 +85,7 @@ def _tm_round(x, y, sel, d0, d_cut):
     w_sum = w.sum(-1, keepdim=True).clamp(min=1e-12)
     x_c, y_c = (w @ x) / w_sum, (w @ y) / w_sum                                 # [F, 3]
     moments = (w @ (x[:, :, None] * y[:, None, :]).flatten(1)).view(-1, 3, 3)  # sum_l w x_l y_l^T
-    r = _rotation(moments - w_sum[:, :, None] * x_c[:, :, None] * y_c[:, None, :])
+    r = rotation_from_covariance(moments - w_sum[:, :, None] * x_c[:, :, None] * y_c[:, None, :])
     t = y_c - (r @ x_c[:, :, None])[..., 0]                                     # [F, 3]
     # |R x_l + t - y_l|^2 expanded into products over the 3 coordinates
     sq = ((x * x).sum(-1) + (y * y).sum(-1))[None] + (t * t).sum(-1, keepdim=True) \
@@ -340,6 +281,17 @@ def assign_homomer_chains(pred: torch.Tensor, true: torch.Tensor, mask: torch.Te
     return true[perm], mask[perm]
 
 
+def _assigned_truth(pred, true, mask, asym_id, entity_id, sym_id, true_cb, cb_mask):
+    """The true Calpha, mask, Cbeta and Cbeta mask, their homomer chains permuted to match ``pred``
+    (:func:`homomer_permutation`); missing coordinates zeroed outside their masks."""
+    true = torch.where(mask[:, None], true, 0.0)
+    perm = homomer_permutation(pred, true, mask, asym_id, entity_id, sym_id)
+    true, mask = true[perm], mask[perm]
+    cb = true_cb[perm] if true_cb is not None else true
+    cb_mask = mask & torch.isfinite(cb).all(-1) & (cb_mask[perm] if cb_mask is not None else True)
+    return true, mask, torch.where(cb_mask[:, None], cb, 0.0), cb_mask
+
+
 def structure_metrics(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor, asym_id: torch.Tensor,
                       entity_id: torch.Tensor, sym_id: torch.Tensor, distogram_logits: torch.Tensor | None = None,
                       true_cb: torch.Tensor | None = None, cb_mask: torch.Tensor | None = None) -> dict[str, float]:
@@ -355,12 +307,7 @@ def structure_metrics(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor
     structure from its mirror image, TM-score can, so tm_score_mirror > tm_score flags a sample of the wrong hand),
     contact_precision, distogram_accuracy (NaN where not computable).
     """
-    true = torch.where(mask[:, None], true, 0.0)
-    perm = homomer_permutation(pred, true, mask, asym_id, entity_id, sym_id)
-    true, mask = true[perm], mask[perm]
-    cb = true_cb[perm] if true_cb is not None else true
-    cb_mask = mask & torch.isfinite(cb).all(-1) & (cb_mask[perm] if cb_mask is not None else True)
-    cb = torch.where(cb_mask[:, None], cb, 0.0)
+    true, mask, cb, cb_mask = _assigned_truth(pred, true, mask, asym_id, entity_id, sym_id, true_cb, cb_mask)
     contacts_from = distogram_logits if distogram_logits is not None else pred
     return {
         "lddt_ca": float(lddt_ca(pred, true, mask)),
@@ -385,12 +332,7 @@ def interface_metrics(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor
         score (the distogram's probability below 8 A, else minus the predicted Calpha distance), the share whose true
         Cbeta distance is under 8 A (NaN without a true inter-chain contact).
     """
-    true = torch.where(mask[:, None], true, 0.0)
-    perm = homomer_permutation(pred, true, mask, asym_id, entity_id, sym_id)
-    true, mask = true[perm], mask[perm]
-    cb = true_cb[perm] if true_cb is not None else true
-    cb_mask = mask & torch.isfinite(cb).all(-1) & (cb_mask[perm] if cb_mask is not None else True)
-    cb = torch.where(cb_mask[:, None], cb, 0.0)
+    true, mask, cb, cb_mask = _assigned_truth(pred, true, mask, asym_id, entity_id, sym_id, true_cb, cb_mask)
     between = asym_id[:, None] != asym_id[None, :]                                      # [N, N]
     score, include = lddt_pair_scores(pred[None], true[None], mask[None])
     pairs = include[0] & between

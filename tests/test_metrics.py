@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from mini_of3.geometry import superpose
 from mini_of3.metrics import (assign_homomer_chains, contact_precision, distance_bins, distogram_accuracy, lddt_ca,
-                              lddt_ca_per_token, rmsd_kabsch, structure_metrics, superpose, tm_d0, tm_score)
+                              lddt_ca_per_token, rmsd_kabsch, structure_metrics, tm_d0, tm_score)
 
 _spec = importlib.util.spec_from_file_location("model_structures", Path(__file__).parent / "model" / "structures.py")
 structures = importlib.util.module_from_spec(_spec)
@@ -219,7 +220,7 @@ def test_tm_score_sees_a_mirror_image_that_lddt_cannot():
 
 
 def _svd_rotation(h: torch.Tensor) -> torch.Tensor:
-    """Kabsch by SVD, with the reflection fix: the reference for metrics._rotation (float64)."""
+    """Kabsch by SVD, with the reflection fix: the reference for geometry.rotation_from_covariance (float64)."""
     u, _, vh = torch.linalg.svd(h)
     d = torch.sign(torch.linalg.det(vh.transpose(-1, -2) @ u.transpose(-1, -2)))
     flip = torch.ones_like(h[..., 0])
@@ -230,7 +231,7 @@ def _svd_rotation(h: torch.Tensor) -> torch.Tensor:
 def test_sync_free_rotation_is_the_kabsch_optimum():
     """Horn's quaternion rotation (no SVD, no host synchronisation) reaches the SVD's optimum of trace(R h) on any
     covariance, reflections included, and is a proper rotation; h = 0 gives the identity."""
-    from mini_of3.metrics import _rotation
+    from mini_of3.geometry import rotation_from_covariance as _rotation
     h = torch.randn(2000, 3, 3, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     h[:500] = h[:500] @ torch.diag(torch.tensor([1.0, 1.0, -1.0], dtype=torch.float64))   # det(h) < 0 cases too
     ours, ref = _rotation(h), _svd_rotation(h)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from mini_of3.metrics import rotation_from_quaternion
+from mini_of3.geometry import rotation_from_quaternion
 
 
 def randn(shape, generator: torch.Generator | None, device, dtype=torch.float32) -> torch.Tensor:

@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from mini_of3.config import ModelConfig
-from mini_of3.metrics import rmsd_kabsch, superpose
+from mini_of3.geometry import superpose
+from mini_of3.metrics import rmsd_kabsch
 from mini_of3.model import build_model, diffusion
 from mini_of3.model.diffusion import FourierEmbedding, chain_binormals, chain_interior
 from mini_of3.model.sampler import (centre_random_augmentation, noise_schedule, random_rotation, sample_diffusion,
