@@ -125,21 +125,19 @@ class Impl:
     sigmoid: bool
 
 
-def load_impl(name: str, shape: Shape, deterministic: bool = True) -> Impl:
-    """The implementation ``name`` for ``shape``; raises with a reason when it cannot run. ``deterministic``: ours
-    only (False: dq added atomically)."""
+def load_impl(name: str, shape: Shape) -> Impl:
+    """The implementation ``name`` for ``shape``; raises with a reason when it cannot run."""
     same = lambda t: t   # noqa: E731
     if name == "mini_of3":
         if shape.dense:
             return Impl(lambda x: padded(x, shape),
-                        lambda q, k, v: sigmoid_attention(q, k, v, causal=shape.causal, deterministic=deterministic),
+                        lambda q, k, v: sigmoid_attention(q, k, v, causal=shape.causal),
                         lambda t: packed(t, shape), True)
         extra = {}
 
         def call(q, k, v):
             return sigmoid_attention(q, k, v, cu_seqlens_q=extra["cu"], cu_seqlens_k=extra["cu"],
-                                     max_seqlen_q=shape.T, max_seqlen_k=shape.T, causal=shape.causal,
-                                     deterministic=deterministic)
+                                     max_seqlen_q=shape.T, max_seqlen_k=shape.T, causal=shape.causal)
         impl = Impl(same, call, same, True)
         impl.extra = extra
         return impl
@@ -310,26 +308,24 @@ def _fields(kernel: str, config: tuple[int, int, int, int]) -> dict:
 def sweep_shape(shape: Shape, args, device: torch.device) -> list[dict]:
     """Rows of the sweep on one shape: each sigmoid evaluation at the default tiles (with its error), then the
     candidates of each kernel (the others at their defaults, the fastest accurate evaluation), then the best of
-    each combined, deterministic and with the atomic dq; the best printed as a ``Tiles(...)`` line."""
+    each combined; the best printed as a ``Tiles(...)`` line."""
     sets = [make_packed(shape, device, seed) for seed in range(2)]
     reference = float64_reference(sets[0], shape, args.err_heads) if args.err_heads > 0 else None
-    impls = {flag: load_impl("mini_of3", shape, deterministic=flag) for flag in (True, False)}
-    bound = [bind(impls[True], s, shape) for s in sets]
+    impl = load_impl("mini_of3", shape)
+    bound = [bind(impl, s, shape) for s in sets]
 
-    def measure(fields: dict, deterministic: bool = True) -> dict:
-        impl = impls[deterministic]
-
+    def measure(fields: dict) -> dict:
         def fwd(r):
             with torch.no_grad():
                 impl.call(*bound[r % 2][0])
 
-        row = {"shape": shape.name, "D": shape.D, "fields": fields, "deterministic": deterministic}
+        row = {"shape": shape.name, "D": shape.D, "fields": fields}
         try:
             with sigmoid_tiles(**fields):
                 row["fwd_ms"] = median_ms(fwd, device, args.reps, args.warmup)
                 row["fwdbwd_ms"] = median_ms(lambda r: forward_backward(impl, *bound[r % 2]), device, args.reps,
                                              args.warmup)
-                if reference is not None and ("sigmoid" in fields and len(fields) == 1 or not deterministic):
+                if reference is not None and list(fields) == ["sigmoid"]:
                     row["err"] = errors(forward_backward(impl, *bound[0]), reference, impl, args.err_heads)
         except Exception as err:   # a configuration that does not fit (shared memory, registers) is reported
             row["error"] = f"{type(err).__name__}: {str(err)[:200]}"
@@ -345,11 +341,11 @@ def sweep_shape(shape: Shape, args, device: torch.device) -> list[dict]:
         rows += kernel_rows
         fallback = {f: getattr(default, f) for f in _fields(kernel, (0, 0, 0, 0))}
         best.update(_fastest(kernel_rows, key, None, fallback, kernel))
-    combined, atomic = measure(dict(best)), measure(dict(best), deterministic=False)
-    rows += [combined, atomic]
+    combined = measure(dict(best))
+    rows.append(combined)
     tiles = dataclasses.replace(default, **best)
     print(f"\nbest for {shape.name}: {tiles}\n  fwd {combined.get('fwd_ms')} ms, fwd+bwd {combined.get('fwdbwd_ms')} "
-          f"ms; with the atomic dq: fwd+bwd {atomic.get('fwdbwd_ms')} ms", flush=True)
+          "ms", flush=True)
     for row in rows:
         row["best"] = dataclasses.asdict(tiles)
     return rows

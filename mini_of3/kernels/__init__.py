@@ -11,7 +11,7 @@ Public API (docs/design.md, Tensor conventions):
     transition(x, *, norm_weight, norm_bias, a_weight, b_weight, out_weight, eps=1e-5, backend="auto") -> [..., C]
     sigmoid_attention(q, k, v, *, seq_lens_q=None, seq_lens_k=None, cu_seqlens_q=None, cu_seqlens_k=None,
                       max_seqlen_q=None, max_seqlen_k=None, causal=False, scale=None, sigmoid_bias=None,
-                      backend="auto", deterministic=True) -> o
+                      backend="auto") -> o
 
 backend: "triton" (the kernels; CUDA, or CPU under TRITON_INTERPRET=1), "torch" (the reference) or "auto" (triton
 where the op's ``kernel_takes`` says the kernel takes the call, else torch).

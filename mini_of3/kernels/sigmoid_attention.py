@@ -3,7 +3,7 @@ the autograd-wired custom ops.
 
     sigmoid_attention(q, k, v, *, seq_lens_q=None, seq_lens_k=None, cu_seqlens_q=None, cu_seqlens_k=None,
                       max_seqlen_q=None, max_seqlen_k=None, causal=False, scale=None, sigmoid_bias=None,
-                      backend="auto", deterministic=True) -> o
+                      backend="auto") -> o
 
 o_i = sum_k sigmoid(scale q_i . k_k + b) v_k over the valid keys of each sequence (softmax replaced by an
 elementwise sigmoid, no normaliser), b = -log(number of valid keys) unless ``sigmoid_bias`` is given. The kernels
@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from mini_of3.kernels.host import eager_function, interpreting
+from mini_of3.kernels.host import dispatch, eager_function, interpreting, needs_grad
 from mini_of3.kernels.reference import sigmoid_attention_ref, sigmoid_bias_table
 from mini_of3.kernels.sigmoid_attention_host import backward, forward
 
@@ -35,49 +35,43 @@ _INT32_OFFSETS = 2**31        # in-sequence offsets (row x token stride) are 32-
 @torch.library.custom_op("mini_of3::sigmoid_attention_fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_q: torch.Tensor | None,
             seq_k: torch.Tensor | None, bias: torch.Tensor | None, layout: str, max_q: int, max_k: int,
-            causal: bool, scale: float, bias_value: float | None, deterministic: bool) -> torch.Tensor:
-    return _forward_with_backward_flag(q, k, v, seq_q, seq_k, bias, layout, max_q, max_k, causal, scale,
-                                       bias_value, deterministic)
-
-
-def _forward_with_backward_flag(*args):
-    """forward, given the op's inputs (the last, ``deterministic``, is for the backward)."""
-    return forward(*args[:-1])
+            causal: bool, scale: float, bias_value: float | None) -> torch.Tensor:
+    return forward(q, k, v, seq_q, seq_k, bias, layout, max_q, max_k, causal, scale, bias_value)
 
 
 @_fwd_op.register_fake
-def _fwd_fake(q, k, v, seq_q, seq_k, bias, layout, max_q, max_k, causal, scale, bias_value, deterministic):
+def _fwd_fake(q, k, v, seq_q, seq_k, bias, layout, max_q, max_k, causal, scale, bias_value):
     return q.new_empty(q.shape)
 
 
 @torch.library.custom_op("mini_of3::sigmoid_attention_bwd", mutates_args=())
 def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_q: torch.Tensor | None,
             seq_k: torch.Tensor | None, bias: torch.Tensor | None, layout: str, max_q: int, max_k: int,
-            causal: bool, scale: float, bias_value: float | None, deterministic: bool
+            causal: bool, scale: float, bias_value: float | None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return backward(do, q, k, v, seq_q, seq_k, bias, layout, max_q, max_k, causal, scale, bias_value, deterministic)
+    return backward(do, q, k, v, seq_q, seq_k, bias, layout, max_q, max_k, causal, scale, bias_value)
 
 
 @_bwd_op.register_fake
-def _bwd_fake(do, q, k, v, seq_q, seq_k, bias, layout, max_q, max_k, causal, scale, bias_value, deterministic):
+def _bwd_fake(do, q, k, v, seq_q, seq_k, bias, layout, max_q, max_k, causal, scale, bias_value):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, seq_q, seq_k, bias, *rest = inputs
     ctx.save_for_backward(q, k, v, seq_q, seq_k, bias)
-    ctx.rest = rest        # layout, max_q, max_k, causal, scale, bias_value, deterministic
+    ctx.rest = rest        # layout, max_q, max_k, causal, scale, bias_value
 
 
 def _autograd_backward(ctx, do, backward_fn=_bwd_op):
     q, k, v, seq_q, seq_k, bias = ctx.saved_tensors
     dq, dk, dv = backward_fn(do, q, k, v, seq_q, seq_k, bias, *ctx.rest)
-    return dq, dk, dv, *(None,) * 10
+    return dq, dk, dv, *(None,) * 9
 
 
 _fwd_op.register_autograd(_autograd_backward, setup_context=_setup_context)
-_EagerSigmoidAttention = eager_function("_EagerSigmoidAttention", _forward_with_backward_flag, _setup_context,
-                                        _autograd_backward, backward)
+_EagerSigmoidAttention = eager_function("_EagerSigmoidAttention", forward, _setup_context, _autograd_backward,
+                                        backward)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -259,7 +253,6 @@ def sigmoid_attention(
     scale: float | None = None,
     sigmoid_bias: float | torch.Tensor | None = None,
     backend: str = "auto",
-    deterministic: bool = True,
 ) -> torch.Tensor:
     """Sigmoid attention: o_i = sum_k sigmoid(scale q_i . k_k + b) v_k over the keys of each sequence that query i
     sees.
@@ -278,16 +271,15 @@ def sigmoid_attention(
             per sequence, [H] / [1, H] per head, or [S, H] (a constant: no gradient)
         backend: "triton" (D in {32, 64, 128}, float16 / bfloat16 / float32), "torch" (the reference) or "auto"
             (triton on CUDA, else torch)
-        deterministic: False adds dq with atomics inside the dK/dV kernel (one kernel less in the backward; the
-            bits of dq may then differ between runs)
     Returns:
-        o: q's shape and dtype, contiguous. A query that sees no key gives zeros, never NaN.
+        o: q's shape and dtype, contiguous. A query that sees no key gives zeros, never NaN. The kernels' o and
+        gradients repeat bit for bit between runs (no atomics).
     The lengths are checked on the host (one copy of S + 1 ints) except under torch.compile or CUDA-graph capture.
     """
     if backend not in BACKENDS:
         _fail(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if not isinstance(causal, bool) or not isinstance(deterministic, bool):
-        _fail(f"causal and deterministic must be bools, got {causal!r}, {deterministic!r}", TypeError)
+    if not isinstance(causal, bool):
+        _fail(f"causal must be a bool, got {causal!r}", TypeError)
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or
                               not math.isfinite(scale)):
         _fail(f"scale must be None or a finite float, got {scale!r}", TypeError)
@@ -306,8 +298,4 @@ def sigmoid_attention(
     _check_offsets(seqs, {"q": q, "k": k, "v": v})
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     args = (q, k, v, seqs.seq_q, seqs.seq_k, bias, seqs.layout, seqs.max_q, seqs.max_k, causal, scale, bias_value)
-    if not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and
-                                                  any(t.requires_grad for t in (q, k, v))):
-        return forward(*args)                 # inference: no autograd node
-    apply = _fwd_op if torch.compiler.is_compiling() else _EagerSigmoidAttention.apply
-    return apply(*args, deterministic)
+    return dispatch(_fwd_op, _EagerSigmoidAttention, forward, args, needs_grad(q, k, v))

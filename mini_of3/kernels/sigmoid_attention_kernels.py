@@ -7,47 +7,44 @@ dense [B, T, H, D]: (0, T) at batch offset s * stride_b; padded: (0, SEQ[s]); pa
 SEQ[s+1] - SEQ[s]) with stride_b = 0. LAYOUT picks how SEQ is read; nothing else differs. Causal masking is aligned
 bottom-right: query i of a sequence with Lq queries and Lk keys sees the keys k <= i + Lk - Lq.
 
-Launch order of the default path, each kernel's grid and what it reads and writes:
+Launch order, each kernel's grid and what it reads and writes:
     _fwd        grid (query blocks of max_seqlen_q, H, S); reads q, k, v; writes o.
-    _bwd_dkdv   grid (key blocks of max_seqlen_k, H, S); reads q, k, v, dO; writes dk, dv (ATOMIC_DQ: also adds
-                dq into a float32 buffer, atomically: the fast, non-deterministic option).
-    _bwd_dq     grid (query blocks of max_seqlen_q, H, S); reads q, k, v, dO; writes dq (not launched with ATOMIC_DQ).
+    _bwd_dkdv   grid (key blocks of max_seqlen_k, H, S); reads q, k, v, dO; writes dk, dv.
+    _bwd_dq     grid (query blocks of max_seqlen_q, H, S); reads q, k, v, dO; writes dq.
 Programs past their sequence's length do no work (padded layout: they write its zero rows). No statistics cross
 kernels: sigmoid has no row max or normaliser, so the backward needs neither lse nor delta; dS = dP sigma (1 - sigma).
-Without ATOMIC_DQ every output element is written by one program and every sum runs in a fixed order: results repeat
-bitwise.
+Every output element is written by one program and every sum runs in a fixed order, with no atomics: results repeat
+bitwise. dq in its own kernel is also the faster backward on an H100: bf16, B = 4, T = 4096, H = 16, forward+backward
+4.98 ms at D = 128 and 2.88 ms at D = 64, against 18.19 and 7.51 ms with dq added atomically inside _bwd_dkdv.
 
 Where the time goes (H100, per score element; tensor cores ~4096 FLOP/clk/SM in bf16, the special-function unit
 MUFU ~16 ops/clk/SM, the FP32 pipe 128 ops/clk/SM): the forward's two products cost 4 D FLOP = 0.125 clk at
 D = 128 and 0.0625 clk at D = 64, while one MUFU op costs 0.0625 clk and each FP32 op 0.008 clk. So the sigmoid's
 evaluation is as expensive as the matmuls, and SIGMOID selects it:
-    "exact"    2^-|z| (tl.exp2) and an IEEE division: the CPU interpreter's path and the float32 inputs'.
-    "rcp"      1 / (1 + 2^-z) by ex2.approx and rcp.approx: 2 MUFU ops, ~3 FP32 ops; relative error ~1e-7.
-    "newton2"  e = 2^-|z| by ex2.approx (1 MUFU op), 1 / (1 + e) on the FP32 pipe by a linear guess and 2 Newton steps
-               (relative error 1.2e-5, one-sided), sigma = r or e r by the sign of z: ~9 FP32 ops.
-    "newton3"  the same with 3 Newton steps (float32-exact, ~11 FP32 ops).
-    "tanh"     0.5 + 0.5 tanh.approx(x / 2), as TritonSigmoid: 1 MUFU op, but tanh.approx's error (~2^-11 relative
-               to tanh) is an absolute error of up to ~2.4e-4 on sigma, large against the small sigmoids that
-               b = -log(n) makes typical (n = 16384: sigma ~ 6e-5); never a default.
+    "exact"  2^-|z| (tl.exp2) and an IEEE division: the CPU interpreter's path and the float32 inputs'.
+    "rcp"    1 / (1 + 2^-z) by ex2.approx and rcp.approx (primitives.sigmoid2): 2 MUFU ops, ~3 FP32 ops; relative
+             error ~1e-7. The default of 16-bit inputs on the GPU.
+    "tanh"   0.5 + 0.5 tanh.approx(x / 2), as TritonSigmoid: 1 MUFU op, but tanh.approx's error (~2^-11 relative
+             to tanh) is an absolute error of up to ~2.4e-4 on sigma, large against the small sigmoids that
+             b = -log(n) makes typical (n = 16384: sigma ~ 6e-5). Opt-in only: ``sigmoid_tiles(sigmoid="tanh")``.
+Measured on an H100 (bf16, B = 4, T = 4096, H = 16, D = 128, one tile configuration, forward+backward): "rcp" 5.31
+ms, "tanh" 4.46 ms; norm-relative error of o against float64 2.35e-3 and 2.45e-3. At the same tiles, 1 / (1 + e)
+on the FP32 pipe (a linear guess and 2 or 3 Newton steps after ex2.approx) takes 6.26 and 6.54 ms for the same
+error as "rcp".
 z = x log2(e) (x / 2 for "tanh") enters as one FMA of the raw score, scale and b folded into its two coefficients.
-ASM (GPU only) issues the PTX approximations; the interpreter evaluates "newton2"/"newton3" as written (tl.exp2 for
-ex2.approx) and "rcp"/"tanh" exactly, as "exact". Masks cost only
-where needed: each loop is split into blocks with no mask at all and boundary blocks (the causal diagonal, the last
-partial block), and blocks wholly past a length or above the diagonal are skipped. Masked scores are zeroed after
-the sigmoid (tl.where), so no -inf ever meets an inf and nothing can become NaN; padded rows load as zeros.
+ASM (GPU only) issues the PTX approximations; the interpreter evaluates "rcp" and "tanh" exactly, as "exact". Masks
+cost only where needed: each loop is split into blocks with no mask at all and boundary blocks (the causal diagonal,
+the last partial block), and blocks wholly past a length or above the diagonal are skipped. Masked scores are zeroed
+after the sigmoid (tl.where), so no -inf ever meets an inf and nothing can become NaN; padded rows load as zeros.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from mini_of3.kernels.primitives import dot
+from mini_of3.kernels.primitives import dot, sigmoid2
 
 LOG2E = tl.constexpr(1.4426950408889634)
-# 1 / y on y in [1, 2]: the linear minimax guess 24/17 - 8/17 y has relative error <= 1/17; each Newton step
-# r <- r (2 - y r) squares it: 3.5e-3, 1.2e-5, 1.4e-10
-RCP_GUESS_C0 = tl.constexpr(24.0 / 17.0)
-RCP_GUESS_C1 = tl.constexpr(-8.0 / 17.0)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -93,15 +90,6 @@ def _coefficients(BIAS, s, h, sb_s, sb_h, bias_value, Lk, scale, BIAS_KIND: tl.c
 
 
 @triton.jit
-def _ex2(x, ASM: tl.constexpr):
-    if ASM:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-    else:
-        return tl.exp2(x)
-
-
-@triton.jit
 def _sigmoid(z, SIGMOID: tl.constexpr, ASM: tl.constexpr):
     """sigmoid of the argument z that _coefficients prepared (see the module docstring for the variants)."""
     if SIGMOID == "tanh":
@@ -114,18 +102,7 @@ def _sigmoid(z, SIGMOID: tl.constexpr, ASM: tl.constexpr):
             r = 1.0 / (1.0 + e)
             return tl.where(z >= 0, r, e * r)
     elif SIGMOID == "rcp" and ASM:
-        y = 1.0 + _ex2(-z, True)                 # +inf for z < -128: rcp gives 0
-        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [y], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-    elif SIGMOID == "newton2" or SIGMOID == "newton3":
-        e = _ex2(-tl.abs(z), ASM)                # (0, 1]
-        y = 1.0 + e                              # [1, 2]
-        r = y * RCP_GUESS_C1 + RCP_GUESS_C0
-        r = r * (2.0 - y * r)
-        r = r * (2.0 - y * r)
-        if SIGMOID == "newton3":
-            r = r * (2.0 - y * r)
-        return tl.where(z >= 0, r, e * r)
+        return sigmoid2(z, True)                 # 1 / (1 + 2^-z); 2^-z = +inf for z < -128: rcp gives 0
     else:            # "exact", and "rcp" in the interpreter
         e = tl.exp2(-tl.abs(z))
         r = 1.0 / (1.0 + e)
@@ -259,9 +236,8 @@ def _fwd(Q, K, V, O, SEQ_Q, SEQ_K, BIAS,
 
 @triton.jit
 def _dkdv_block(dk, dv, k, v, q_base, do_base, offs_m, offs_n, offs_d, sq_t, sdo_t, Lq, Lk, mul, add,
-                DQ_ACC, dq_base, sdq_t, scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, SIGMOID: tl.constexpr, ASM: tl.constexpr,
-                DOT_PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+                DOT_PREC: tl.constexpr):
     """dK, dV of one key block += the contribution of one query block [BLOCK_M], in transposed tiles [key, query]
     (sigma^T and dS^T are the A operands of their products straight from registers)."""
     q = _load_rows(q_base, offs_m, offs_d, sq_t, Lq, MASKED)                                # [BM, D]
@@ -273,20 +249,17 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, offs_m, offs_n, offs_d, sq_t, sdo
     dv = dot(pt.to(do.dtype), do, DOT_PREC, dv)
     dst = dpt * (pt - pt * pt)                                                              # dS^T / scale
     dk = dot(dst.to(q.dtype), q, DOT_PREC, dk)
-    if ATOMIC_DQ:
-        dq = dot(tl.trans(dst).to(k.dtype), k, DOT_PREC) * scale                          # [BM, D]
-        tl.atomic_add(dq_base + offs_m[:, None] * sdq_t + offs_d[None, :], dq, mask=offs_m[:, None] < Lq)
     return dk, dv
 
 
 @triton.jit
-def _bwd_dkdv(Q, K, V, DO, DK, DV, DQ_ACC, SEQ_Q, SEQ_K, BIAS,
+def _bwd_dkdv(Q, K, V, DO, DK, DV, SEQ_Q, SEQ_K, BIAS,
               sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sdo_b, sdo_t, sdo_h,
-              sdk_b, sdk_t, sdk_h, sdq_b, sdq_t, sdq_h, sb_s, sb_h, bias_value,
+              sdk_b, sdk_t, sdk_h, sb_s, sb_h, bias_value,
               Tq, Tk, scale,
               LAYOUT: tl.constexpr, CAUSAL: tl.constexpr, BIAS_KIND: tl.constexpr, SIGMOID: tl.constexpr,
               ASM: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              HEAD_DIM: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+              HEAD_DIM: tl.constexpr):
     """dk, dv of one key block of one (sequence, head): a loop over the query blocks that see it accumulates
     dV = sigma^T dO and dK = scale dS^T Q in registers. dk and dv share strides (sdk_*)."""
     nb = tl.program_id(0)
@@ -302,21 +275,19 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, DQ_ACC, SEQ_Q, SEQ_K, BIAS,
     v = _load_rows(_base(V, s, k_start, h, sv_b, sv_t, sv_h), offs_n, offs_d, sv_t, Lk, True)     # [BN, D]
     q_base = _base(Q, s, q_start, h, sq_b, sq_t, sq_h)
     do_base = _base(DO, s, q_start, h, sdo_b, sdo_t, sdo_h)
-    dq_base = _base(DQ_ACC, s, q_start, h, sdq_b, sdq_t, sdq_h)
     mul, add = _coefficients(BIAS, s, h, sb_s, sb_h, bias_value, Lk, scale, BIAS_KIND, SIGMOID)
     start, full_start, full_end, end = _query_blocks(n0, Lq, Lk, BLOCK_M, BLOCK_N, CAUSAL)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     for m0 in range(start, full_start, BLOCK_M):
         dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, m0 + offs_mt, offs_n, offs_d, sq_t, sdo_t, Lq, Lk,
-                             mul, add, DQ_ACC, dq_base, sdq_t, scale, True, CAUSAL, SIGMOID, ASM, DOT_PREC, ATOMIC_DQ)
+                             mul, add, True, CAUSAL, SIGMOID, ASM, DOT_PREC)
     for m0 in range(full_start, full_end, BLOCK_M):
         dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, m0 + offs_mt, offs_n, offs_d, sq_t, sdo_t, Lq, Lk,
-                             mul, add, DQ_ACC, dq_base, sdq_t, scale, False, CAUSAL, SIGMOID, ASM, DOT_PREC,
-                             ATOMIC_DQ)
+                             mul, add, False, CAUSAL, SIGMOID, ASM, DOT_PREC)
     for m0 in range(full_end, end, BLOCK_M):
         dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, m0 + offs_mt, offs_n, offs_d, sq_t, sdo_t, Lq, Lk,
-                             mul, add, DQ_ACC, dq_base, sdq_t, scale, True, CAUSAL, SIGMOID, ASM, DOT_PREC, ATOMIC_DQ)
+                             mul, add, True, CAUSAL, SIGMOID, ASM, DOT_PREC)
     n_store = Tk if LAYOUT == "padded" else Lk
     _store_rows(_base(DK, s, k_start, h, sdk_b, sdk_t, sdk_h), offs_n, offs_d, sdk_t,
                 (dk * scale).to(DK.dtype.element_ty), Lk, n_store)

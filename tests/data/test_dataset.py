@@ -190,3 +190,33 @@ def test_dataloader_with_workers_gives_the_same_batches(prepared):
     val_ids = {i for batch in loaders.val for i in batch["id"]}
     train_ids = {loaders.train.dataset.rows[i].id for i in loaders.train_sampler.stream(1)}
     assert val_ids and val_ids.isdisjoint(train_ids)
+
+
+def test_the_crop_configs_validate_on_six_entries_of_the_shared_set_with_no_warning(shared_mmcif, tmp_path):
+    """configs/crop384.yaml (data.val_ids: auto) on a prepared folder of the shared entries: six validation entries
+    from small to large, none above 40 % identity to a training chain, chosen the same way twice, no warning."""
+    import warnings
+    from pathlib import Path
+
+    from mini_of3.config import load_config
+    from mini_of3.data import ProteinDataset, prepare_folder
+    from mini_of3.data.homology import IdentityCache, find_homologues
+    from mini_of3.data.dataset import _chains, resolve_validation
+
+    if len(list(shared_mmcif.glob("*.cif.gz"))) < 50:
+        pytest.skip("needs the shared entries")
+    prepared = tmp_path / "prepared"
+    prepare_folder(shared_mmcif, prepared, workers=2, progress=False)
+    repo = Path(__file__).resolve().parents[2]
+    cfg = load_config(repo / "configs" / "crop384.yaml", [f"data.root={prepared}", f"data.cache_dir={prepared}"]).data
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        chosen = resolve_validation(prepared, cfg)
+        val = ProteinDataset(prepared, chosen, "val")
+        train = ProteinDataset(prepared, chosen, "train")
+    assert len(val) >= 6 and resolve_validation(prepared, cfg).val_ids == chosen.val_ids
+    sizes = sorted(r.tokens for r in val.rows)
+    assert sizes[0] <= 64 and 384 < sizes[-1] <= 768, sizes
+    val_chains = [c for r in val.rows for c in _chains(prepared, r)]
+    assert not find_homologues([_chains(prepared, r) for r in train.rows], val_chains, 0.4, IdentityCache(prepared))
+    assert len(train) >= 40

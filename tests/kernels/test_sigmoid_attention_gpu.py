@@ -1,6 +1,6 @@
 """Sigmoid attention's Triton kernels on the GPU at realistic sizes, against float64 on the GPU.
 
-What the interpreter cannot show: the PTX sigmoid evaluations ("rcp", "newton2", "tanh": inline ex2/rcp/tanh
+What the interpreter cannot show: the PTX sigmoid evaluations ("rcp", "tanh": inline ex2/rcp/tanh
 approximations), the tensor-core tiles at their default sizes, and sequences of thousands of tokens (T up to 2048,
 16 packed sequences). Skipped without CUDA.
 """
@@ -91,13 +91,3 @@ def test_bitwise_repeat():
     for other in again:
         for name, a, b in zip(NAMES, first, other):
             assert torch.equal(a, b), f"{name} differs between runs"
-
-
-def test_atomic_dq_option():
-    lens_q, lens_k = [2048, 300], [1500, 2048]
-    q, k, v, do = make_inputs((2, 2048, 4, 64), (2, 2048, 4, 64), torch.bfloat16, seed=7)
-    kw = dict(seq_lens_q=i32(lens_q), seq_lens_k=i32(lens_k), causal=True, deterministic=False)
-    got = run(sigmoid_attention, q, k, v, do, **kw)
-    kw.pop("deterministic")
-    assert_matches(got, reference(q, k, v, do, **kw), torch.bfloat16)
-    assert_padding_zero(got, lens_q, lens_k)

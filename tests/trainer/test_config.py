@@ -27,6 +27,9 @@ def train_py(*args: str) -> subprocess.CompletedProcess:
     (["configs/default.yaml", "configs/crop384.yaml"], "argument 'configs/crop384.yaml': expected key=value"),
     (["wandb=maybe"], "wandb: got 'maybe', expected true or false"),
     (["data.crop_weights=[1, 2]"], "data.crop_weights: got [1.0, 2.0], expected three non-negative numbers"),
+    (["optim.lr=inf"], "optim.lr: got 'inf', expected a finite number"),
+    (["optim.lr=.nan"], "optim.lr: got nan, expected a finite number"),
+    (["data.val_ids=5"], "data.val_ids: got 5, expected a list of entry ids, or auto"),
 ])
 def test_bad_config_is_one_clear_line_and_exit_2(args, expected):
     done = train_py(*args)
