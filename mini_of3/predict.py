@@ -136,7 +136,12 @@ def load_model(checkpoint: str | Path, device: torch.device, prefer: str = "best
                 raise CheckpointError(info.damage)
             cfg: ModelConfig = section_from_dict("model", read_config(info.path).get("model", {}))
             model = build_model(cfg)
-            model.load_state_dict(read_file(info.path / "model.safetensors", load_file), strict=True)
+            try:
+                model.load_state_dict(read_file(info.path / "model.safetensors", load_file), strict=True)
+            except RuntimeError as err:                  # a config.yaml cut short still parses, with defaults
+                first = str(err).strip().splitlines()[0][:160]
+                raise CheckpointError(f"{info.path / 'config.yaml'} does not describe the weights beside it "
+                                      f"({first})") from None
             ema = info.path / "ema.safetensors"
             if ema.is_file():
                 missing, unexpected = model.load_state_dict(read_file(ema, load_file), strict=False)

@@ -149,8 +149,8 @@ def test_main_process_alone_logs_and_writes_checkpoints(two_processes):
     with each rank's RNG state, nothing half written."""
     out, done = two_processes
     assert "cpu:0, 2 process(es)" in done.stdout, done.stdout[-2000:]
-    rows = log_rows(out) + log_rows(out, "val")
-    assert len(rows) == len((out / "log.jsonl").read_text().splitlines()) == 6 + 3
+    rows = log_rows(out) + log_rows(out, "val") + log_rows(out, "val_random_chain")
+    assert len(rows) == len((out / "log.jsonl").read_text().splitlines()) == 6 + 3 + 1
     assert [r["step"] for r in log_rows(out, "val")] == [0, 3, 6]
     assert done.stdout.count("saved ") == 2 and done.stdout.count("step 6 validation") == 1
     assert [c.step for c in list_checkpoints(out)] == [3, 6]

@@ -122,11 +122,11 @@ def test_predict_falls_back_from_a_damaged_checkpoint(reference_run, tmp_path, c
     assert predict_main([str(out), str(fasta), "--out", str(tmp_path / "p"), "--samples", "1", "--steps", "2",
                          "--device", "cpu"]) == 0
     captured = capsys.readouterr()
-    assert f"skipped checkpoint step_{best}: {out / 'checkpoints' / f'step_{best}' / part} is unreadable" \
-        in captured.err
+    damaged = out / "checkpoints" / f"step_{best}" / part                # unreadable, or (a config cut short that
+    assert f"skipped checkpoint step_{best}: {damaged} " in captured.err       # still parses) not the weights' config
     assert f"checkpoint {out / 'checkpoints' / f'step_{other}'}" in captured.out
     assert predict_main([str(out / "checkpoints" / f"step_{best}"), str(fasta), "--out", str(tmp_path / "p2")]) == 1
-    assert f"{part} is unreadable" in capsys.readouterr().err
+    assert f"{part} is unreadable" in (err := capsys.readouterr().err) or "does not describe the weights" in err
 
 
 # ---- divergence -----------------------------------------------------------------------------------------------
