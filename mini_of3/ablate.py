@@ -33,7 +33,7 @@ from pathlib import Path
 from mini_of3.ablation import plan as planning
 from mini_of3.ablation.figure import SPLITS, plot
 from mini_of3.ablation.scoring import LARGE, METRICS, SMALL, score_model, score_random_chains, scoring_entries
-from mini_of3.ablation.stats import compare
+from mini_of3.ablation.stats import compare, entry_values
 from mini_of3.bench.common import print_table, result_header, write_json
 from mini_of3.bench.trainrun import command_overrides, config_argument, load, prepare_once, run_trainer
 
@@ -195,10 +195,6 @@ def comparisons(rows: list[dict], arms: list[planning.Arm]) -> list[dict]:
     """Paired differences (a - b) over seeds and entries, per split, metric and budget: every arm against the first
     (the smallest crop, or the first activation), the schedule arm against both its crops, every arm against the
     random chain and the untrained model (equal steps)."""
-    def values(impl: str, name: str | None, split: str, metric: str, budget: str) -> dict:
-        return {(r["seed"], r["entry"]): r[metric] for r in rows if r.get("entry") and r["impl"] == impl
-                and r.get("arm") == name and r["split"] == split and r["budget"] == budget
-                and r.get(metric) is not None}
     pairs = [(a, arms[0]) for a in arms[1:]]
     pairs += [(a, b) for a in arms if a.impl == "finetune" for b in arms
               if b.impl == "crop" and b.crop in (a.start_crop, a.crop)]
@@ -208,13 +204,13 @@ def comparisons(rows: list[dict], arms: list[planning.Arm]) -> list[dict]:
             for budget in ("steps", "time"):
                 for a, b in pairs:
                     out.append({"a": a.name, "b": b.name, "split": split, "metric": metric, "budget": budget,
-                                **compare(values(a.impl, a.name, split, metric, budget),
-                                          values(b.impl, b.name, split, metric, budget))})
+                                **compare(entry_values(rows, a.impl, a.name, split, metric, budget),
+                                          entry_values(rows, b.impl, b.name, split, metric, budget))})
             for a in arms:
                 for base in ("random_chain", "untrained"):
                     out.append({"a": a.name, "b": base, "split": split, "metric": metric, "budget": "steps",
-                                **compare(values(a.impl, a.name, split, metric, "steps"),
-                                          values(base, None, split, metric, "steps"))})
+                                **compare(entry_values(rows, a.impl, a.name, split, metric),
+                                          entry_values(rows, base, None, split, metric))})
     return out
 
 

@@ -6,23 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .stats import bootstrap_interval
+from .stats import as_matrix, bootstrap_interval, entry_values
 
 SPLITS = ("train_large", "train_small", "val")
-
-
-def arm_values(rows: list[dict], impl: str, split: str, metric: str, name: str | None = None,
-               budget: str = "steps") -> np.ndarray:
-    """``[seeds, entries]`` values of one arm (``name``) or baseline (``impl``) on ``split`` (NaN where missing)."""
-    picked = [r for r in rows if r.get("entry") and r["split"] == split and r["impl"] == impl
-              and (name is None or r.get("arm") == name) and r.get("budget", "steps") == budget]
-    seeds = sorted({r["seed"] for r in picked})
-    entries = sorted({r["entry"] for r in picked})
-    values = np.full((len(seeds), len(entries)), np.nan)
-    for r in picked:
-        value = r.get(metric)
-        values[seeds.index(r["seed"]), entries.index(r["entry"])] = np.nan if value is None else value
-    return values
 
 
 def plot(result: dict, path: Path, metric: str = "lddt_ca") -> None:
@@ -35,7 +21,8 @@ def plot(result: dict, path: Path, metric: str = "lddt_ca") -> None:
     x = np.arange(len(names))
     for ax, split in zip(axes, SPLITS):
         for budget, offset, color in (("steps", -0.1, "C0"), ("time", 0.1, "C1")):
-            stats = [bootstrap_interval(arm_values(rows, a["impl"], split, metric, a["name"], budget)) for a in arms]
+            stats = [bootstrap_interval(as_matrix(entry_values(rows, a["impl"], a["name"], split, metric, budget)))
+                     for a in arms]
             means = np.array([s[0] for s in stats])
             if not np.isfinite(means).any():
                 continue
@@ -43,7 +30,7 @@ def plot(result: dict, path: Path, metric: str = "lddt_ca") -> None:
             ax.errorbar(x + offset, means, yerr=errors, fmt="o", color=color, capsize=3,
                         label=f"equal {'steps' if budget == 'steps' else 'GPU time'}")
         for impl, style in (("random_chain", ":"), ("untrained", "--")):
-            base = bootstrap_interval(arm_values(rows, impl, split, metric))[0]
+            base = bootstrap_interval(as_matrix(entry_values(rows, impl, None, split, metric)))[0]
             if np.isfinite(base):
                 ax.axhline(base, color="grey", ls=style, lw=1, label=impl.replace("_", " "))
         ax.set(title=f"{split} ({metric})", xticks=x)

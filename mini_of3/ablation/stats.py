@@ -10,17 +10,31 @@ from __future__ import annotations
 import numpy as np
 
 
+def entry_values(rows: list[dict], impl: str, arm: str | None, split: str, metric: str, budget: str = "steps"
+                 ) -> dict[tuple[int, str], float]:
+    """``{(seed, entry): value}`` of ``metric`` over the entry rows of one arm (``arm``; None for a baseline, whose
+    rows name no arm) or baseline (``impl``) on ``split`` at ``budget``; entries without a value are left out."""
+    return {(r["seed"], r["entry"]): r[metric] for r in rows if r.get("entry") and r["impl"] == impl
+            and r.get("arm") == arm and r["split"] == split and r.get("budget", "steps") == budget
+            and r.get(metric) is not None}
+
+
+def as_matrix(values: dict[tuple[int, str], float]) -> np.ndarray:
+    """``[seeds, entries]`` of ``{(seed, entry): value}``, seeds and entries in order, NaN where missing."""
+    seeds = sorted({s for s, _ in values})
+    entries = sorted({e for _, e in values})
+    matrix = np.full((len(seeds), len(entries)), np.nan)
+    for (s, e), value in values.items():
+        matrix[seeds.index(s), entries.index(e)] = value
+    return matrix
+
+
 def paired_differences(a: dict[tuple[int, str], float], b: dict[tuple[int, str], float]
                        ) -> tuple[np.ndarray, list[int], list[str]]:
     """``[seeds, entries]`` differences a - b over the (seed, entry) keys both have (NaN where either value is NaN
     or missing), with the seeds and entries in order."""
-    keys = sorted(set(a) & set(b))
-    seeds = sorted({s for s, _ in keys})
-    entries = sorted({e for _, e in keys})
-    d = np.full((len(seeds), len(entries)), np.nan)
-    for s, e in keys:
-        d[seeds.index(s), entries.index(e)] = a[(s, e)] - b[(s, e)]
-    return d, seeds, entries
+    differences = {key: a[key] - b[key] for key in set(a) & set(b)}
+    return (as_matrix(differences), sorted({s for s, _ in differences}), sorted({e for _, e in differences}))
 
 
 def bootstrap_interval(d: np.ndarray, reps: int = 10_000, level: float = 0.95, seed: int = 0

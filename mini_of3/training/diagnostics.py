@@ -12,8 +12,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .process import Process
 from ..losses import LOSS_PARTS, SIGMA_BIN_NAMES, diffusion_loss_by_sigma, rollout_confidence_sums
+from .process import Process
 
 # the modules whose gradient norms every log row holds (``grad_norm/<name>``), by the model's top-level children;
 # the recycling projections are the trunk's input, so they count with the embedder

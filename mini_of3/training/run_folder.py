@@ -78,7 +78,6 @@ def check_writable(folder: str | Path, key: str) -> None:
         raise ValueError(f"{key}={folder}: cannot write there ({err.strerror or type(err).__name__})") from None
 
 
-
 def resume_candidates(out: Path, resume: str) -> list[ckpt.CheckpointInfo]:
     """The checkpoints to try, in order, for ``trainer.resume``: auto and force: the run folder's, newest first;
     never: none (ValueError if the folder holds some); a PATH: that checkpoint, or that run's, newest first."""
