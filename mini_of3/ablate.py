@@ -27,6 +27,7 @@ import json
 import shutil
 import statistics
 import sys
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -39,7 +40,8 @@ from mini_of3.bench.trainrun import command_overrides, config_argument, load, pr
 
 DEFAULT_CONFIG = "configs/ablation.yaml"
 ACTIVATIONS = ("softmax", "sigmoid")
-OPTIONS = "--crops, --schedule, --seeds, --steps, --activation, --score-samples, --score-steps, --out, --tag"
+OPTIONS = ("--crops, --schedule, --seeds, --steps, --activation, --score-samples, --score-steps, --hours, --out, "
+           "--tag")
 COMPARED = ("lddt_ca", "tm_score", "contact_precision", "interchain_contact_precision", "interface_lddt")
 
 
@@ -140,9 +142,10 @@ def run_arm(arm: planning.Arm, seed: int, steps: int, *, config: str, common: li
 
 
 def score_arm(arm: planning.Arm, seed: int, run_dir: Path, entries, time_budget: float | None, score: dict,
-              device) -> dict:
+              device, began: float) -> dict:
     """Score an arm's last checkpoint (equal steps) and the one reached within ``time_budget`` seconds of steps
-    (equal GPU time; the last one when None); write and return ``arm.json``; remove the checkpoints."""
+    (equal GPU time; the last one when None); write and return ``arm.json`` (``wall_minutes``: since ``began``, the
+    monotonic clock when its training started in this command); remove the checkpoints."""
     from mini_of3.training.runlog import read_log
     summary = arm_summary(arm, seed, read_log(run_dir / "log.jsonl"))
     budgets = {"steps": summary["step"],
@@ -156,7 +159,7 @@ def score_arm(arm: planning.Arm, seed: int, run_dir: Path, entries, time_budget:
             del model
         rows += [{"impl": arm.impl, "arm": arm.name, "N": arm.crop, "activation": arm.activation, "seed": seed,
                   "budget": budget, "step": step, **r} for r in scored[step]]
-    result = {"summary": summary, "rows": rows}
+    result = {"summary": {**summary, "wall_minutes": (time.monotonic() - began) / 60}, "rows": rows}
     write_json(result, run_dir / "arm.json")
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     free_memory()
@@ -243,6 +246,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--score-steps", type=int, default=20, help="EDM steps of the scoring samples")
     parser.add_argument("--large-tokens", type=int, default=LARGE, help="train_large: training entries above this")
     parser.add_argument("--small-tokens", type=int, default=SMALL, help="train_small: training entries up to this")
+    parser.add_argument("--hours", type=float, default=None, help="start no arm that would end after this many "
+                        "hours of the command (judged by the same arm's time in a finished seed); run the command "
+                        "again to go on")
     parser.add_argument("--out", default=None, help="folder of the JSON and PNG (default: the ablation folder)")
     parser.add_argument("--tag", default="", help="suffix of the ablation folder and result file names")
     args, extra = parser.parse_known_args(argv)
@@ -252,6 +258,8 @@ def main(argv: list[str] | None = None) -> None:
     activations = None if args.activation is None else \
         parse_list(args.activation, "--activation", activation, f"activations ({', '.join(ACTIVATIONS)})")
     chosen_schedule = schedule(args.schedule) if activations is None else None
+    if args.hours is not None and not args.hours > 0:
+        raise SystemExit(f"--hours must be > 0, got {args.hours}")
     if args.score_samples < 1 or args.score_steps < 1:
         raise SystemExit(f"--score-samples and --score-steps must be >= 1, got {args.score_samples}, "
                          f"{args.score_steps}")
@@ -291,6 +299,7 @@ def main(argv: list[str] | None = None) -> None:
     score = {"samples": args.score_samples, "steps": args.score_steps,
              "bf16": cfg.trainer.mixed_precision == "bf16"}
     rows = []
+    started = time.monotonic()
     for seed in seeds:
         rows += baselines(replace(cfg, seed=seed), seed, entries, score, device, folder / f"seed{seed}" /
                           "baselines.json")
@@ -301,11 +310,13 @@ def main(argv: list[str] | None = None) -> None:
                 result = json.loads((run_dir / "arm.json").read_text())
                 say(f"seed {seed} {arm.name}: finished before, skipped")
             else:
+                check_time_left(args.hours, started, folder, seed, arm)
+                began = time.monotonic()
                 train_arm(arm, arms, seed, steps, config=config, common=common, folder=folder, prepared=prepared)
-                result = score_arm(arm, seed, run_dir, entries, budget, score, device)
+                result = score_arm(arm, seed, run_dir, entries, budget, score, device, began)
                 s = result["summary"]
                 say(f"seed {seed} {arm.name}: {s['step']} steps, {s['gpu_minutes']:.1f} GPU min, median step "
-                    f"{s['step_s']:.3f} s")
+                    f"{s['step_s']:.3f} s, {s['wall_minutes']:.1f} min trained and scored")
             budget = budget if budget is not None else result["summary"]["gpu_minutes"] * 60
             rows += [result["summary"], *result["rows"]]
 
@@ -335,6 +346,19 @@ def train_arm(arm: planning.Arm, arms: list[planning.Arm], seed: int, steps: int
             say(f"seed {seed} {other.name}: from {arm.name} at step {start}")
             run_arm(other, seed, steps, **where)
     run_arm(arm, seed, steps, **where)
+
+
+def check_time_left(hours: float | None, started: float, folder: Path, seed: int, arm: planning.Arm) -> None:
+    """Stop the command (one line) before an arm that would end after ``hours`` of it, judged by the longest time
+    the same arm took to train and score in another seed; an arm not yet timed always starts."""
+    if hours is None:
+        return
+    times = [json.loads(path.read_text())["summary"].get("wall_minutes", 0.0) * 60
+             for path in folder.glob(f"seed*/{arm.name}/arm.json")]
+    left = hours * 3600 - (time.monotonic() - started)
+    if times and max(times) > left:
+        raise SystemExit(f"--hours {hours:g}: seed {seed} {arm.name} took {max(times) / 60:.1f} min in another seed "
+                         f"and {left / 60:.1f} min are left; run the same command again to go on")
 
 
 def check_plan(folder: Path, plan: dict) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -71,7 +72,7 @@ def test_arms_train_from_each_seed_and_are_scored_whole_with_paired_intervals(sm
     summaries = [r for r in rows if not r.get("entry")]
     assert sorted((r["arm"], r["seed"]) for r in summaries) == sorted(
         (a, s) for a in ("crop16", "crop24", "finetune16to24") for s in (0, 1))
-    assert all(r["step"] == 4 and r["step_s"] > 0 and r["gpu_minutes"] > 0 for r in summaries)
+    assert all(r["step"] == 4 and r["step_s"] > 0 and 0 < r["gpu_minutes"] < r["wall_minutes"] for r in summaries)
     entries = [r for r in rows if r.get("entry")]
     assert all(ENTRY_KEYS <= set(r) for r in entries)
     splits = {r["entry"]: r["split"] for r in entries}
@@ -116,6 +117,20 @@ def test_the_schedule_arm_starts_from_its_first_crop_at_three_quarters():
         plan.plan_arms([256, 384], (512, 768), None, "softmax")
 
 
+def test_hours_stops_before_an_arm_that_took_longer_in_another_seed(tmp_path):
+    arm = plan.Arm("crop", 768, "softmax")
+    timed = plan.arm_folder(tmp_path, 0, arm) / "arm.json"
+    timed.parent.mkdir(parents=True)
+    timed.write_text(json.dumps({"summary": {"wall_minutes": 10.0}, "rows": []}))
+    now = time.monotonic()
+    with pytest.raises(SystemExit, match=r"--hours 0.1: seed 1 crop768 took 10.0 min in another seed and 6.0 min "
+                                         r"are left; run the same command again"):
+        ablate.check_time_left(0.1, now, tmp_path, 1, arm)
+    ablate.check_time_left(0.2, now, tmp_path, 1, arm)                 # 12 minutes left: it starts
+    ablate.check_time_left(0.1, now, tmp_path, 1, plan.Arm("crop", 256, "softmax"))      # never timed: it starts
+    ablate.check_time_left(None, now - 1e6, tmp_path, 1, arm)                            # no limit
+
+
 def test_paired_differences_and_their_bootstrap_interval():
     rng = np.random.default_rng(0)
     a = {(s, e): rng.normal(0.5, 0.1) for s in range(3) for e in range(12)}
@@ -146,6 +161,7 @@ def test_a_random_compact_chain_has_chain_geometry_and_a_protein_s_size():
     (["crops", "--schedule", "768"], "--schedule: expected START:END crops (e.g. 384:768) or none"),
     (["crops", "--activation", "relu"], "--activation: expected comma-separated activations (softmax, sigmoid)"),
     (["crops", "--score-samples", "0"], "--score-samples and --score-steps must be >= 1"),
+    (["crops", "--hours", "0"], "--hours must be > 0, got 0.0"),
     (["crops", "configs/nope.yaml"], "config 'configs/nope.yaml' not found"),
     (["crops", "configs/default.yaml", "stray"], "unexpected argument 'stray'"),
     (["crops", "seed=3"], "seed: set by the ablation"),
