@@ -40,8 +40,8 @@ from mini_of3.bench.trainrun import command_overrides, config_argument, load, pr
 
 DEFAULT_CONFIG = "configs/ablation.yaml"
 ACTIVATIONS = ("softmax", "sigmoid")
-OPTIONS = ("--crops, --schedule, --seeds, --steps, --activation, --score-samples, --score-steps, --hours, --out, "
-           "--tag")
+OPTIONS = ("--crops, --schedule, --seeds, --steps, --activation, --score-samples, --score-steps, --hours, --only, "
+           "--out, --tag")
 COMPARED = ("lddt_ca", "tm_score", "contact_precision", "interchain_contact_precision", "interface_lddt")
 
 
@@ -126,11 +126,13 @@ def arm_summary(arm: planning.Arm, seed: int, log: list[dict]) -> dict:
 
 
 def run_arm(arm: planning.Arm, seed: int, steps: int, *, config: str, common: list[str], folder: Path,
-            prepared: Path, stop_at: int | None = None) -> Path:
-    """Train one arm of one seed to ``steps`` (or only to ``stop_at``), resuming its folder; returns the folder."""
+            prepared: Path, stop_at: int | None = None, first_part: bool = False) -> Path:
+    """Train one arm of one seed to ``steps`` (or only to ``stop_at``; a schedule arm's ``first_part``: its start
+    crop's run), resuming its folder; returns the folder."""
     from mini_of3.training.checkpoint import list_checkpoints
-    run_dir = planning.arm_folder(folder, seed, arm)
-    keys = planning.arm_overrides(arm, folder, seed, steps, started=bool(list_checkpoints(run_dir)))
+    run_dir = planning.start_folder(folder, seed, arm) if first_part else planning.arm_folder(folder, seed, arm)
+    keys = planning.arm_overrides(arm, folder, seed, steps, started=bool(list_checkpoints(run_dir)),
+                                  first_part=first_part)
     cfg = load(config, [*common, *keys])
     cfg = replace(cfg, data=replace(cfg.data, root=str(prepared)),
                   trainer=replace(cfg.trainer, max_steps=stop_at or steps))
@@ -139,6 +141,16 @@ def run_arm(arm: planning.Arm, seed: int, steps: int, *, config: str, common: li
         raise SystemExit(f"seed {seed} {arm.name}: stopped by {done.stopped_by} at step {done.step}; run the same "
                          f"command again to resume it")
     return run_dir
+
+
+def train_arm(arm: planning.Arm, seed: int, steps: int, **where) -> None:
+    """Train one arm; a schedule arm first trains its start crop to three quarters of the steps (unless its own
+    part has begun), then goes on from there at its larger crop."""
+    from mini_of3.training.checkpoint import list_checkpoints
+    if arm.impl == "finetune" and not list_checkpoints(planning.arm_folder(where["folder"], seed, arm)):
+        run_arm(arm, seed, steps, stop_at=planning.finetune_start(steps), first_part=True, **where)
+        say(f"seed {seed} {arm.name}: from crop {arm.start_crop} at step {planning.finetune_start(steps)}")
+    run_arm(arm, seed, steps, **where)
 
 
 def score_arm(arm: planning.Arm, seed: int, run_dir: Path, entries, time_budget: float | None, score: dict,
@@ -161,7 +173,8 @@ def score_arm(arm: planning.Arm, seed: int, run_dir: Path, entries, time_budget:
                   "budget": budget, "step": step, **r} for r in scored[step]]
     result = {"summary": {**summary, "wall_minutes": (time.monotonic() - began) / 60}, "rows": rows}
     write_json(result, run_dir / "arm.json")
-    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    for checkpoints in (run_dir / "checkpoints", run_dir / "start" / "checkpoints"):
+        shutil.rmtree(checkpoints, ignore_errors=True)
     free_memory()
     return result
 
@@ -249,6 +262,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hours", type=float, default=None, help="start no arm that would end after this many "
                         "hours of the command (judged by the same arm's time in a finished seed); run the command "
                         "again to go on")
+    parser.add_argument("--only", default=None, help="comma-separated arms (e.g. crop384,finetune384to768) to train "
+                        "in this command, the others left for another (the first arm of a seed finishes first: the "
+                        "others' equal-time scores need its time); the result is written once every arm has finished")
     parser.add_argument("--out", default=None, help="folder of the JSON and PNG (default: the ablation folder)")
     parser.add_argument("--tag", default="", help="suffix of the ablation folder and result file names")
     args, extra = parser.parse_known_args(argv)
@@ -269,8 +285,17 @@ def main(argv: list[str] | None = None) -> None:
     user = [o for o in user if o not in folder_keys]                      # names the ablation folder, not a run
     folder = Path(folder_keys[-1].partition("=")[2] if folder_keys else f"runs/{stem}")
     fixed = {"trainer.resume": "auto", "trainer.max_minutes": "null"}
-    cfg, prepared = prepare_once(load(config, command_overrides(user, {}, fixed, f"the ablation ({OPTIONS})",
-                                                                reserved=["seed", "data.crop_size"])))
+    cfg = load(config, command_overrides(user, {}, fixed, f"the ablation ({OPTIONS})",
+                                         reserved=["seed", "data.crop_size"]))
+    try:
+        arms = planning.plan_arms(crops, chosen_schedule, activations, cfg.model.tri_attn_activation)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    names = [a.name for a in arms]
+    only = names if args.only is None else parse_list(args.only, "--only", str, f"arms ({', '.join(names)})")
+    if unknown := [a for a in only if a not in names]:
+        raise SystemExit(f"--only: {', '.join(unknown)} is not an arm of this ablation ({', '.join(names)})")
+    cfg, prepared = prepare_once(cfg)
     steps = args.steps or cfg.trainer.max_steps
     if steps < 1:
         raise SystemExit(f"--steps must be >= 1, got {steps}")
@@ -283,10 +308,6 @@ def main(argv: list[str] | None = None) -> None:
     fixed.update({"trainer.checkpoint_every": planning.checkpoint_every(steps), "trainer.keep_last": 1000})
     common = command_overrides(user, {}, fixed, f"the ablation ({OPTIONS})", reserved=["seed", "data.crop_size"])
     common.append("data.val_ids=[" + ",".join(cfg.data.val_ids) + "]")          # resolved once: every arm the same
-    try:
-        arms = planning.plan_arms(crops, chosen_schedule, activations, cfg.model.tri_attn_activation)
-    except ValueError as err:
-        raise SystemExit(str(err)) from None
     check_plan(folder, {"config": config, "overrides": common, "steps": steps, "val_ids": cfg.data.val_ids,
                         "score": [args.score_samples, args.score_steps, args.large_tokens, args.small_tokens]})
     import torch
@@ -298,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
         f"({', '.join(cfg.data.val_ids)}), whole")
     score = {"samples": args.score_samples, "steps": args.score_steps,
              "bf16": cfg.trainer.mixed_precision == "bf16"}
-    rows = []
+    rows, left = [], []
     started = time.monotonic()
     for seed in seeds:
         rows += baselines(replace(cfg, seed=seed), seed, entries, score, device, folder / f"seed{seed}" /
@@ -309,16 +330,26 @@ def main(argv: list[str] | None = None) -> None:
             if (run_dir / "arm.json").is_file():
                 result = json.loads((run_dir / "arm.json").read_text())
                 say(f"seed {seed} {arm.name}: finished before, skipped")
+            elif arm.name not in only:
+                left.append(f"seed {seed} {arm.name}")
+                continue
             else:
+                if budget is None and arm != arms[0]:
+                    raise SystemExit(f"seed {seed} {arm.name}: its equal-time score needs the time of {arms[0].name} "
+                                     f"(seed {seed}): train that arm first (--only {arms[0].name})")
                 check_time_left(args.hours, started, folder, seed, arm)
                 began = time.monotonic()
-                train_arm(arm, arms, seed, steps, config=config, common=common, folder=folder, prepared=prepared)
+                train_arm(arm, seed, steps, config=config, common=common, folder=folder, prepared=prepared)
                 result = score_arm(arm, seed, run_dir, entries, budget, score, device, began)
                 s = result["summary"]
                 say(f"seed {seed} {arm.name}: {s['step']} steps, {s['gpu_minutes']:.1f} GPU min, median step "
                     f"{s['step_s']:.3f} s, {s['wall_minutes']:.1f} min trained and scored")
             budget = budget if budget is not None else result["summary"]["gpu_minutes"] * 60
             rows += [result["summary"], *result["rows"]]
+    if left:
+        say(f"{len(left)} of {len(arms) * len(seeds)} arms not trained yet ({', '.join(left)}): the result is "
+            f"written once every arm has finished")
+        return
 
     result = result_header("ablation", prog="python -m mini_of3.ablate")
     result.update(kind=kind, config=config, overrides=common, folder=str(folder), steps=steps, seeds=seeds,
@@ -333,19 +364,6 @@ def main(argv: list[str] | None = None) -> None:
     print()
     report(result)
     print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
-
-
-def train_arm(arm: planning.Arm, arms: list[planning.Arm], seed: int, steps: int, **where) -> None:
-    """Train one arm; the crop arm that a schedule arm starts from stops at the schedule's start first, so that
-    the schedule arm can take that checkpoint, then goes on."""
-    later = [a for a in arms if a.impl == "finetune" and a.start_crop == arm.crop and arm.impl == "crop"]
-    for other in later:
-        start = planning.finetune_start(steps)
-        run_arm(arm, seed, steps, stop_at=start, **where)
-        if not (planning.arm_folder(where["folder"], seed, other) / "arm.json").is_file():
-            say(f"seed {seed} {other.name}: from {arm.name} at step {start}")
-            run_arm(other, seed, steps, **where)
-    run_arm(arm, seed, steps, **where)
 
 
 def check_time_left(hours: float | None, started: float, folder: Path, seed: int, arm: planning.Arm) -> None:

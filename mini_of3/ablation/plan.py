@@ -3,8 +3,9 @@
 Every arm trains the same model from the same initial weights (one per seed) on the same data order for the same
 number of steps; only the factor differs: the training crop (``crop<N>``), the AF3 schedule (``finetune``: trained
 at one crop, then fine-tuned at a larger one for the last quarter of the same steps, AF3 SI 5.2), or the triangle
-attention's activation (``activation_<name>``). The schedule arm starts from the smaller crop's own checkpoint at
-three quarters of the steps, so the two share that part of their training exactly.
+attention's activation (``activation_<name>``). The schedule arm trains its first three quarters itself, in its
+folder's ``start`` run (the smaller crop's arm, same seed, same steps), so that every arm trains on its own: one
+process, GPU or device call per arm.
 """
 from __future__ import annotations
 
@@ -60,15 +61,24 @@ def arm_folder(folder: Path, seed: int, arm: Arm) -> Path:
     return folder / f"seed{seed}" / arm.name
 
 
-def arm_overrides(arm: Arm, folder: Path, seed: int, steps: int, started: bool) -> list[str]:
+def start_folder(folder: Path, seed: int, arm: Arm) -> Path:
+    """The run of a schedule arm's first three quarters (at its start crop)."""
+    return arm_folder(folder, seed, arm) / "start"
+
+
+def arm_overrides(arm: Arm, folder: Path, seed: int, steps: int, started: bool, first_part: bool = False
+                  ) -> list[str]:
     """The keys of one arm's run (the config and the ablation's own keys come first): its crop (its activation),
-    seed, steps and folder; the finetune arm, unless ``started`` (it has checkpoints of its own), starts from its
-    first crop's checkpoint (``trainer.resume=PATH``)."""
-    keys: dict[str, object] = {"seed": seed, "data.crop_size": arm.crop, "trainer.max_steps": steps,
-                               "trainer.out_dir": arm_folder(folder, seed, arm)}
+    seed, steps and folder. A schedule arm's ``first_part`` is a run at its start crop in :func:`start_folder`; its
+    second, unless ``started`` (it has checkpoints of its own), starts from that run's checkpoint at
+    :func:`finetune_start` (``trainer.resume=PATH``)."""
+    crop, out_dir = arm.crop, arm_folder(folder, seed, arm)
+    if first_part:
+        crop, out_dir = arm.start_crop, start_folder(folder, seed, arm)
+    keys: dict[str, object] = {"seed": seed, "data.crop_size": crop, "trainer.max_steps": steps,
+                               "trainer.out_dir": out_dir}
     if arm.impl == "activation":
         keys["model.tri_attn_activation"] = arm.activation
-    if arm.impl == "finetune" and not started:
-        start = arm_folder(folder, seed, Arm("crop", arm.start_crop, arm.activation))
-        keys["trainer.resume"] = start / "checkpoints" / f"step_{finetune_start(steps)}"
+    if arm.impl == "finetune" and not started and not first_part:
+        keys["trainer.resume"] = start_folder(folder, seed, arm) / "checkpoints" / f"step_{finetune_start(steps)}"
     return [f"{k}={v}" for k, v in keys.items()]

@@ -155,7 +155,7 @@ def result_header(bench: str, versions: dict[str, str] | None = None, prog: str 
 
 def write_json(result: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")         # processes writing one path do not collide
     tmp.write_text(json.dumps(result, indent=1))
     tmp.replace(path)
 

@@ -48,21 +48,28 @@ def test_arms_train_from_each_seed_and_are_scored_whole_with_paired_intervals(sm
 
     def stop_in_seed_1(outputs, batch, cfg):
         calls["n"] += 1
-        if calls["n"] == 9 + 5 + 2:      # seed 0: crop16 to step 3, the schedule's step 4, crop16's step 4, crop24's
-            os.kill(os.getpid(), signal.SIGTERM)      # 4 steps; seed 1 likewise to crop24, whose second step stops
+        if calls["n"] == 12 + 4 + 2:    # seed 0: crop16 and crop24 4 steps each, the schedule's crop16 3 and crop24 1;
+            os.kill(os.getpid(), signal.SIGTERM)      # seed 1: crop16, then crop24's second step stops
         return real_losses(outputs, batch, cfg)
 
     monkeypatch.setattr(trainer_module, "compute_losses", stop_in_seed_1)
     with pytest.raises(SystemExit, match="seed 1 crop24: stopped by SIGTERM at step 1; run the same command again"):
         ablate.main(argv)
     assert (folder / "seed0" / "finetune16to24" / "arm.json").is_file()
-    assert not (folder / "seed0" / "crop16" / "checkpoints").exists()          # scored: checkpoints removed
+    for scored in ("crop16", "finetune16to24", "finetune16to24/start"):                # checkpoints removed
+        assert (folder / "seed0" / scored / "log.jsonl").is_file()
+        assert not (folder / "seed0" / scored / "checkpoints").exists()
 
+    # the second run trains only the crop arms: seed 1's crop24 resumes, its schedule arm is left
     monkeypatch.setattr(trainer_module, "compute_losses", real_losses)
     capsys.readouterr()
-    ablate.main(argv)
+    ablate.main([*argv, "--only", "crop16,crop24"])
     captured = capsys.readouterr()
     assert "seed 0 crop16: finished before, skipped" in captured.err and "resuming from" in captured.out
+    assert "1 of 6 arms not trained yet (seed 1 finetune16to24): the result is written once" in captured.err
+    assert not (out / "ablation_crops_t.json").exists()
+    ablate.main(argv)
+    captured = capsys.readouterr()
 
     result = json.loads((out / "ablation_crops_t.json").read_text())
     assert result["bench"] == "ablation" and result["command"].startswith("python -m mini_of3.ablate")
@@ -86,9 +93,11 @@ def test_arms_train_from_each_seed_and_are_scored_whole_with_paired_intervals(sm
         for budget in ("steps", "time"):
             scored = [r for r in entries if r.get("arm") == arm and r["budget"] == budget]
             assert len(scored) == 2 * len(splits) and all(0 <= r["lddt_ca"] <= 1 for r in scored)
-    # the schedule arm shares crop16's first three steps: its log starts after them
-    finetune_log = (folder / "seed0" / "finetune16to24" / "log.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in finetune_log if json.loads(line)["split"] == "train"] == [4]
+    # the schedule arm trains crop16's first three steps in its start run, then goes on at crop 24
+    def train_steps(run):
+        log = (folder / "seed0" / run / "log.jsonl").read_text().splitlines()
+        return [json.loads(line)["step"] for line in log if json.loads(line)["split"] == "train"]
+    assert train_steps("finetune16to24/start") == [1, 2, 3] and train_steps("finetune16to24") == [4]
     pairs = {(c["a"], c["b"], c["split"], c["metric"], c["budget"]) for c in result["comparisons"]}
     assert ("crop24", "crop16", "train_large", "lddt_ca", "steps") in pairs
     assert ("finetune16to24", "crop24", "val", "tm_score", "time") in pairs
@@ -110,7 +119,12 @@ def test_the_schedule_arm_starts_from_its_first_crop_at_three_quarters():
     assert [a.name for a in arms] == ["crop256", "crop384", "crop768", "finetune384to768"]
     assert plan.finetune_start(1000) == 750 and plan.finetune_start(1000) % plan.checkpoint_every(1000) == 0
     keys = dict(k.split("=", 1) for k in plan.arm_overrides(arms[-1], plan.Path("f"), 2, 1000, started=False))
-    assert keys["trainer.resume"] == "f/seed2/crop384/checkpoints/step_750" and keys["data.crop_size"] == "768"
+    assert keys["trainer.resume"] == "f/seed2/finetune384to768/start/checkpoints/step_750"
+    assert keys["data.crop_size"] == "768" and keys["trainer.out_dir"] == "f/seed2/finetune384to768"
+    first = dict(k.split("=", 1) for k in plan.arm_overrides(arms[-1], plan.Path("f"), 2, 1000, started=False,
+                                                             first_part=True))
+    assert first["data.crop_size"] == "384" and first["trainer.out_dir"] == "f/seed2/finetune384to768/start"
+    assert "trainer.resume" not in first
     assert "trainer.resume" not in dict(k.split("=", 1) for k in plan.arm_overrides(arms[-1], plan.Path("f"), 2,
                                                                                       1000, started=True))
     with pytest.raises(ValueError, match="--schedule 512:768: 512 must be one of --crops"):
@@ -162,6 +176,8 @@ def test_a_random_compact_chain_has_chain_geometry_and_a_protein_s_size():
     (["crops", "--activation", "relu"], "--activation: expected comma-separated activations (softmax, sigmoid)"),
     (["crops", "--score-samples", "0"], "--score-samples and --score-steps must be >= 1"),
     (["crops", "--hours", "0"], "--hours must be > 0, got 0.0"),
+    (["crops", "--only", "crop999"], "--only: crop999 is not an arm of this ablation (crop256, crop384, crop512, "
+                                     "crop768, finetune384to768)"),
     (["crops", "configs/nope.yaml"], "config 'configs/nope.yaml' not found"),
     (["crops", "configs/default.yaml", "stray"], "unexpected argument 'stray'"),
     (["crops", "seed=3"], "seed: set by the ablation"),
