@@ -158,6 +158,7 @@ def score_arm(arm: planning.Arm, seed: int, run_dir: Path, entries, time_budget:
     """Score an arm's last checkpoint (equal steps) and the one reached within ``time_budget`` seconds of steps
     (equal GPU time; the last one when None); write and return ``arm.json`` (``wall_minutes``: since ``began``, the
     monotonic clock when its training started in this command); remove the checkpoints."""
+    import torch
     from mini_of3.training.runlog import read_log
     summary = arm_summary(arm, seed, read_log(run_dir / "log.jsonl"))
     budgets = {"steps": summary["step"],
@@ -171,7 +172,8 @@ def score_arm(arm: planning.Arm, seed: int, run_dir: Path, entries, time_budget:
             del model
         rows += [{"impl": arm.impl, "arm": arm.name, "N": arm.crop, "activation": arm.activation, "seed": seed,
                   "budget": budget, "step": step, **r} for r in scored[step]]
-    result = {"summary": {**summary, "wall_minutes": (time.monotonic() - began) / 60}, "rows": rows}
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    result = {"summary": {**summary, "wall_minutes": (time.monotonic() - began) / 60, "device": card}, "rows": rows}
     write_json(result, run_dir / "arm.json")
     for checkpoints in (run_dir / "checkpoints", run_dir / "start" / "checkpoints"):
         shutil.rmtree(checkpoints, ignore_errors=True)
@@ -190,7 +192,8 @@ def baselines(cfg, seed: int, entries, score: dict, device, path: Path) -> list[
     model = build_model(cfg.model).to(device)
     rows = [{"impl": "untrained", "seed": seed, "budget": "steps", **r}
             for r in score_model(model, entries, device=device, seed=seed, **score)]
-    rows += [{"impl": "random_chain", "seed": seed, "budget": "steps", **r} for r in score_random_chains(entries, seed)]
+    rows += [{"impl": "random_chain", "seed": seed, "budget": "steps", **r}
+             for r in score_random_chains(entries, seed, device)]
     del model
     write_json({"rows": rows}, path)
     return rows

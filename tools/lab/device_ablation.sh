@@ -7,6 +7,7 @@
 #   run: source tools/lab/device_env.sh && ARMS=crop256 STEPS=2000 LIMIT=560 bash tools/lab/device_ablation.sh
 FOLDER=.device/ablation/${NAME:-crops}
 mkdir -p $FOLDER
+export OMP_NUM_THREADS=4                 # three processes on 16 cores: no oversubscribed CPU ops
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 5 > $OUT/gpu_util.csv 2>/dev/null &
 monitor=$!
 for seed in ${SEEDS:-0 1 2}; do
