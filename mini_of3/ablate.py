@@ -337,12 +337,16 @@ def main(argv: list[str] | None = None) -> None:
                 left.append(f"seed {seed} {arm.name}")
                 continue
             else:
+                reference = planning.arm_folder(folder, seed, arms[0])
                 if budget is None and arm != arms[0]:
-                    raise SystemExit(f"seed {seed} {arm.name}: its equal-time score needs the time of {arms[0].name} "
-                                     f"(seed {seed}): train that arm first (--only {arms[0].name})")
+                    say(f"seed {seed} {arm.name}: its equal-time score needs the time of {arms[0].name} (seed {seed}), "
+                        f"not finished: once trained, it waits for that arm (--only {arms[0].name} in another "
+                        f"process)")
                 check_time_left(args.hours, started, folder, seed, arm)
                 began = time.monotonic()
                 train_arm(arm, seed, steps, config=config, common=common, folder=folder, prepared=prepared)
+                if budget is None and arm != arms[0]:
+                    budget = reference_seconds(reference, f"seed {seed} {arm.name}")
                 result = score_arm(arm, seed, run_dir, entries, budget, score, device, began)
                 s = result["summary"]
                 say(f"seed {seed} {arm.name}: {s['step']} steps, {s['gpu_minutes']:.1f} GPU min, median step "
@@ -367,6 +371,22 @@ def main(argv: list[str] | None = None) -> None:
     print()
     report(result)
     print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
+
+
+def reference_seconds(reference: Path, waiting: str, limit_s: float = 3600.0, poll_s: float = 10.0) -> float:
+    """The GPU seconds of the steps of a seed's first arm, trained in ``reference`` by another process: read from its
+    ``arm.json``, waited for (one line said) until it appears, at most ``limit_s``."""
+    path = reference / "arm.json"
+    deadline = time.monotonic() + limit_s
+    if not path.is_file():
+        say(f"{waiting}: trained; waiting for {reference.name} (another process) to finish: its time is the "
+            f"equal-time budget")
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{waiting}: {reference.name} has not finished in {limit_s / 60:.0f} min; run the same "
+                             f"command again once it has (this arm is trained and will be scored)")
+        time.sleep(poll_s)
+    return json.loads(path.read_text())["summary"]["gpu_minutes"] * 60
 
 
 def check_time_left(hours: float | None, started: float, folder: Path, seed: int, arm: planning.Arm) -> None:

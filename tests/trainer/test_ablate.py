@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
 
 import numpy as np
@@ -19,7 +22,7 @@ from mini_of3.baselines import random_compact_chain
 from mini_of3.ablation.stats import bootstrap_interval, compare, paired_differences
 from mini_of3.data import read_manifest
 
-from .helpers import TINY_MODEL
+from .helpers import REPO, TINY_MODEL
 
 ENTRY_KEYS = {"impl", "seed", "entry", "split", "tokens", "budget", "lddt_ca", "tm_score", "contact_precision",
               "interchain_contact_precision", "interface_lddt"}
@@ -144,6 +147,37 @@ def test_hours_stops_before_an_arm_that_took_longer_in_another_seed(tmp_path):
     ablate.check_time_left(0.2, now, tmp_path, 1, arm)                 # 12 minutes left: it starts
     ablate.check_time_left(0.1, now, tmp_path, 1, plan.Arm("crop", 256, "softmax"))      # never timed: it starts
     ablate.check_time_left(None, now - 1e6, tmp_path, 1, arm)                            # no limit
+
+
+def test_two_processes_train_the_arms_of_one_seed_side_by_side(small_data, tmp_path, capsys):
+    """What tools/lab/device_ablation.sh does on the GPU: one process per arm; the larger crop's waits, once trained,
+    for the first arm's time before it is scored."""
+    prepared, val_id = small_data
+    folder = tmp_path / "ablation"
+    argv = ["crops", "configs/default.yaml", "--crops", "16,24", "--schedule", "none", "--seeds", "0", "--steps", "2",
+            "--score-steps", "2", "--large-tokens", "60", "--small-tokens", "50", *tiny_args(prepared, val_id, folder)]
+    beside = subprocess.Popen([sys.executable, "-m", "mini_of3.ablate", *argv, "--only", "crop24"], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ablate.main([*argv, "--only", "crop16"])
+    output, _ = beside.communicate(timeout=300)
+    assert beside.returncode == 0, output
+    assert all((folder / "seed0" / arm / "arm.json").is_file() for arm in ("crop16", "crop24"))
+    capsys.readouterr()
+    ablate.main(argv)                                                         # both finished: the result
+    assert "finished before, skipped" in capsys.readouterr().err
+    assert json.loads((folder / "ablation_crops.json").read_text())["comparisons"]
+
+
+def test_an_arm_trained_beside_the_first_waits_for_its_time(tmp_path):
+    reference = tmp_path / "crop256"
+    reference.mkdir()
+    with pytest.raises(SystemExit, match="crop256 has not finished in 0 min; run the same command again"):
+        ablate.reference_seconds(reference, "seed 0 crop768", limit_s=0.05, poll_s=0.01)
+    finish = threading.Timer(0.1, lambda: (reference / "arm.json").write_text(
+        json.dumps({"summary": {"gpu_minutes": 2.5}, "rows": []})))
+    finish.start()
+    assert ablate.reference_seconds(reference, "seed 0 crop768", limit_s=5, poll_s=0.01) == 150.0
+    finish.join()
 
 
 def test_paired_differences_and_their_bootstrap_interval():
