@@ -16,7 +16,7 @@ then removed; a finished arm is skipped when the command runs again and an inter
 ablation can span several GPU sessions. Writes ``<out>/ablation_<kind>[_tag].json`` and ``.png`` (``--out``:
 the ablation folder unless given).
 
-    python -m mini_of3.ablate crops configs/ablation.yaml --seeds 0,1,2 --steps 1000
+    python -m mini_of3.ablate crops configs/ablation.yaml --seeds 0,1,2 --steps 2000
     python -m mini_of3.ablate crops configs/ablation.yaml --crops 384 --activation softmax,sigmoid
 """
 from __future__ import annotations
