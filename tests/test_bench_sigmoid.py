@@ -32,18 +32,19 @@ def test_flops_count_real_tokens_only():
 
 def test_sigmoid_bench_writes_rows_and_a_plot(tmp_path, capsys):
     sigmoid.main(["--shapes", "b2t24d32,varlen3d32c", "--varlen-range", "4,30", "--impls",
-                  "mini_of3,triton_sigmoid,cudnn", "--heads", "2", "--err-heads", "1", "--reps", "1", "--warmup", "0",
+                  "mini_of3,mini_of3_tanh,triton_sigmoid,cudnn", "--heads", "2", "--err-heads", "1", "--reps", "1", "--warmup", "0",
                   "--out", str(tmp_path), "--tag", "t"])
     result = json.loads((tmp_path / "sigmoid_t.json").read_text())
     assert result["bench"] == "sigmoid" and (tmp_path / "sigmoid_t.png").stat().st_size > 0
     assert {"device", "torch", "triton", "commit", "command", "versions"} <= set(result)
     rows = {(r["impl"], r["shape"]): r for r in result["rows"]}
-    assert len(rows) == 6
+    assert len(rows) == 8
     for shape in ("b2t24d32", "varlen3d32c"):
-        ours = rows["mini_of3", shape]
-        assert ours["fwd_ms"] > 0 and ours["fwdbwd_ms"] > 0 and ours["tflops_fwd"] > 0 and ours["dtype"] == "bf16"
-        assert set(ours["err"]) == {"o", "dq", "dk", "dv"} and max(ours["err"].values()) < 1e-2
-        assert ours["bitwise"] is True and ours["err_heads"] == 1
+        for name in ("mini_of3", "mini_of3_tanh"):
+            ours = rows[name, shape]
+            assert ours["fwd_ms"] > 0 and ours["fwdbwd_ms"] > 0 and ours["tflops_fwd"] > 0 and ours["dtype"] == "bf16"
+            assert set(ours["err"]) == {"o", "dq", "dk", "dv"} and max(ours["err"].values()) < 1e-2
+            assert ours["bitwise"] is True and ours["err_heads"] == 1
         if not torch.cuda.is_available():   # on a CPU the others cannot run: their rows say why
             assert "error" in rows["cudnn", shape]
     assert rows["mini_of3", "varlen3d32c"]["layout"] == "varlen" and rows["mini_of3", "varlen3d32c"]["causal"]

@@ -4,6 +4,8 @@ Shapes (``--shapes``, bf16, H = ``--heads`` = 16): ``b<B>t<T>d<D>`` dense [B, T,
 ``varlen<S>d<D>`` a batch of S sequences with lengths drawn uniformly (seed 0) from ``--varlen-range`` (500,16000).
 Implementations (``--impls``):
     mini_of3        ours: dense shapes as [B, T, H, D], the varlen batch packed [total, H, D] with cu_seqlens
+    mini_of3_tanh   ours with the sigmoid through tanh.approx (``sigmoid_tiles(sigmoid="tanh")``, TritonSigmoid's
+                    evaluation; one MUFU instruction per score instead of ex2 and rcp)
     triton_sigmoid  TritonSigmoid: ``sigmoid_attention`` on dense shapes, ``sigmoid_attention_padded`` (padded to
                     the longest sequence, with seq_lens) on the varlen batch; skipped with a note when not installed
     cudnn, flash    softmax SDPA (``sdpa_kernel(CUDNN_ATTENTION / FLASH_ATTENTION)`` on [B, H, T, D] views), for
@@ -21,6 +23,7 @@ repeat o and every gradient bit for bit. Writes ``sigmoid[_TAG].json`` (DESIGN.m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import re
@@ -36,7 +39,7 @@ from mini_of3.bench.common import elapsed_ms, package_versions, print_table, res
 from mini_of3.kernels import sigmoid_attention
 from mini_of3.kernels.sigmoid_attention_host import SIGMOID_VARIANTS, current_tiles, sigmoid_tiles
 
-IMPLS = ("mini_of3", "triton_sigmoid", "cudnn", "flash")
+IMPLS = ("mini_of3", "mini_of3_tanh", "triton_sigmoid", "cudnn", "flash")
 DEFAULT_SHAPES = "b4t4096d64,b1t16384d64,b4t4096d128,b1t16384d128,varlen16d128"
 SWEEP_SHAPES = "b4t4096d64,b4t4096d128"
 NAMES = ("o", "dq", "dk", "dv")
@@ -118,16 +121,22 @@ def packed(x: torch.Tensor, shape: Shape) -> torch.Tensor:
 
 @dataclass
 class Impl:
-    """``prepare(inputs)`` -> the tensors f takes (leaves); ``call(q, k, v)`` -> o; ``unpack(t)`` -> packed rows."""
+    """``prepare(inputs)`` -> the tensors f takes (leaves); ``call(q, k, v)`` -> o; ``unpack(t)`` -> packed rows;
+    ``tiles``: the ``sigmoid_tiles`` fields in force around its forward and backward."""
     prepare: Callable
     call: Callable
     unpack: Callable
     sigmoid: bool
+    tiles: dict = dataclasses.field(default_factory=dict)
 
 
 def load_impl(name: str, shape: Shape) -> Impl:
     """The implementation ``name`` for ``shape``; raises with a reason when it cannot run."""
     same = lambda t: t   # noqa: E731
+    if name == "mini_of3_tanh":
+        impl = load_impl("mini_of3", shape)
+        impl.tiles = {"sigmoid": "tanh"}
+        return impl
     if name == "mini_of3":
         if shape.dense:
             return Impl(lambda x: padded(x, shape),
@@ -175,6 +184,11 @@ def bind(impl: Impl, inputs: dict, shape: Shape) -> tuple[list[torch.Tensor], to
         impl.extra["lens"] = torch.tensor(shape.lengths, dtype=torch.int32, device=inputs["q"].device)
     leaves = [impl.prepare(inputs[n]).detach().requires_grad_(True) for n in ("q", "k", "v")]
     return leaves, impl.prepare(inputs["do"])
+
+
+def tiles_of(impl: Impl):
+    """The implementation's ``sigmoid_tiles`` override, or none."""
+    return sigmoid_tiles(**impl.tiles) if impl.tiles else contextlib.nullcontext()
 
 
 def forward_backward(impl: Impl, leaves, do) -> list[torch.Tensor]:
@@ -257,8 +271,9 @@ def bench_impl(name: str, shape: Shape, sets: list[dict], reference: list[torch.
 
         def fwdbwd(r):
             forward_backward(impl, *bound[r % len(bound)])
-        row["fwd_ms"] = median_ms(fwd, device, args.reps, args.warmup)
-        row["fwdbwd_ms"] = median_ms(fwdbwd, device, args.reps, args.warmup)
+        with tiles_of(impl):
+            row["fwd_ms"] = median_ms(fwd, device, args.reps, args.warmup)
+            row["fwdbwd_ms"] = median_ms(fwdbwd, device, args.reps, args.warmup)
     except Exception as err:   # a missing or failing implementation is reported in its row, not fatal
         row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
         if not isinstance(err, (ImportError, RuntimeError)):
@@ -268,7 +283,8 @@ def bench_impl(name: str, shape: Shape, sets: list[dict], reference: list[torch.
     row["tflops_fwd"] = flops / row["fwd_ms"] / 1e9
     row["tflops_fwdbwd"] = 3.5 * flops / row["fwdbwd_ms"] / 1e9
     if impl.sigmoid and reference is not None:
-        runs = [forward_backward(impl, *bound[0]) for _ in range(3)]
+        with tiles_of(impl):
+            runs = [forward_backward(impl, *bound[0]) for _ in range(3)]
         row["err"] = errors(runs[0], reference, impl, args.err_heads)
         row["err_heads"] = args.err_heads
         row["bitwise"] = all(torch.equal(a, b) for other in runs[1:] for a, b in zip(runs[0], other))
