@@ -5,6 +5,7 @@
     gated_triangle_attention(qkvg, bias, mask=None, *, activation="softmax", scale=None, sigmoid_bias=None,
                              backend="auto", split_ds=False) -> sigmoid(g) * o
     kernel_takes(q) -> bool      whether backend="auto" runs the Triton kernel on q
+    kernel_head_dim(D) -> int    the head dim the kernel runs D at (q, k, v zero-padded to it)
 
 q, k, v: [B, I, J, H, D] (any strides; the ending node passes transposed views), bias: [B, H, J, K] float32 or the
 input dtype, mask: [B, I, K] bool (True = attend). Implements the attention of AF3 SI Alg 14 (starting node) and,
@@ -75,19 +76,31 @@ def _check_inputs(q, k, v, bias, mask, activation, sigmoid_bias, backend) -> Non
         raise ValueError(f"triangle_attention: every dimension must be >= 1, got q of shape {tuple(q.shape)}")
 
 
-def kernel_takes(q: torch.Tensor) -> bool:
+def kernel_head_dim(D: int) -> int | None:
+    """The head dim the Triton kernel runs a head dim ``D`` at: the smallest of SUPPORTED_HEAD_DIMS >= D (q, k and v
+    zero-padded to it: zero channels add nothing to q.k and give zero output channels), None above the largest."""
+    return next((d for d in SUPPORTED_HEAD_DIMS if d >= D), None)
+
+
+def kernel_takes(q: torch.Tensor, pads_head_dim: bool = True) -> bool:
     """Whether backend="auto" runs the Triton kernel on q: a CUDA tensor of a 16- or 32-bit float dtype with a head
-    dim in SUPPORTED_HEAD_DIMS."""
-    return q.is_cuda and q.dtype in SUPPORTED_DTYPES and q.shape[-1] in SUPPORTED_HEAD_DIMS
+    dim the kernel runs (in SUPPORTED_HEAD_DIMS, or up to the largest when ``pads_head_dim``: the plain form pads,
+    the gated form does not)."""
+    D = q.shape[-1]
+    fits = kernel_head_dim(D) is not None if pads_head_dim else D in SUPPORTED_HEAD_DIMS
+    return q.is_cuda and q.dtype in SUPPORTED_DTYPES and fits
 
 
-def _resolve_backend(backend: str, q: torch.Tensor) -> str:
-    backend = resolve_backend("triangle_attention", backend, kernel_takes(q), q)
+def _resolve_backend(backend: str, q: torch.Tensor, pads_head_dim: bool) -> str:
+    backend = resolve_backend("triangle_attention", backend, kernel_takes(q, pads_head_dim), q)
     if backend == "triton":
         D = q.shape[-1]
-        if D not in SUPPORTED_HEAD_DIMS:
-            raise ValueError(f"triangle_attention: head dim D must be one of {SUPPORTED_HEAD_DIMS} for the Triton "
-                             f"kernel, got {D}")
+        if pads_head_dim and kernel_head_dim(D) is None:
+            raise ValueError(f"triangle_attention: head dim D must be at most {SUPPORTED_HEAD_DIMS[-1]} for the "
+                             f"Triton kernel, got {D}")
+        if not pads_head_dim and D not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"gated_triangle_attention: head dim D must be one of {SUPPORTED_HEAD_DIMS} for the "
+                             f"Triton kernel, got {D}")
         if q.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"triangle_attention: the Triton kernel takes float16, bfloat16 or float32, got {q.dtype}")
     return backend
@@ -246,7 +259,8 @@ def triangle_attention(
     """Fused triangle attention (AF3 SI Alg 14/15; Alg 24 with I = 1), softmax or sigmoid.
 
     Args:
-        q, k, v: [B, I, J, H, D], any strides (no copies are made); D in {16, 32, 64, 128} for the Triton kernel
+        q, k, v: [B, I, J, H, D], any strides (no copies are made); the Triton kernel runs D in {16, 32, 64, 128}
+            as it is and any other D up to 128 zero-padded to the next of them (AF3's single attention: D = 24)
         bias: [B, H, J, K] float32 or the input dtype, shared by every row i; its gradient has its dtype
         mask: [B, I, K] bool, True = attend; a row with no valid key gives output 0 and zero gradients
         activation: "softmax", or "sigmoid" (o = sum_k sigmoid(s_ijk + beta_i) v_ik, no normaliser)
@@ -261,9 +275,16 @@ def triangle_attention(
         o: [B, I, J, H, D] in the input dtype, contiguous
     """
     _check_inputs(q, k, v, bias, mask, activation, sigmoid_bias, backend)
-    if _resolve_backend(backend, q) == "torch":
+    if _resolve_backend(backend, q, pads_head_dim=True) == "torch":
         return triangle_attention_ref(q, k, v, bias, mask, activation=activation, scale=scale,
                                       sigmoid_bias=sigmoid_bias)
+    D = q.shape[-1]
+    if (padded := kernel_head_dim(D)) != D:
+        pad = (0, padded - D)                                           # [B, I, J, H, D] -> [B, I, J, H, padded]
+        o = triangle_attention(*(torch.nn.functional.pad(t, pad) for t in (q, k, v)), bias, mask,
+                               activation=activation, scale=1.0 / math.sqrt(D) if scale is None else scale,
+                               sigmoid_bias=sigmoid_bias, backend="triton", split_ds=split_ds)
+        return o[..., :D].contiguous()
     grad = needs_grad(q, k, v, bias)
     inputs = (q, k, v, bias, *_kernel_arguments(q, mask, activation, scale, sigmoid_bias, split_ds, grad))
     o, _ = dispatch(_fwd_op, _EagerTriangleAttention, _forward, inputs, grad)
@@ -295,7 +316,7 @@ def gated_triangle_attention(
                          f"{tuple(qkvg.shape) if isinstance(qkvg, torch.Tensor) else type(qkvg).__name__}")
     q, k, v, g = qkvg.unbind(3)
     _check_inputs(q, k, v, bias, mask, activation, sigmoid_bias, backend)
-    if _resolve_backend(backend, q) == "torch":
+    if _resolve_backend(backend, q, pads_head_dim=False) == "torch":
         return torch.sigmoid(g) * triangle_attention_ref(q, k, v, bias, mask, activation=activation, scale=scale,
                                                          sigmoid_bias=sigmoid_bias)
     grad = needs_grad(qkvg, bias)

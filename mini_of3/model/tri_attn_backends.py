@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from mini_of3.kernels import gated_triangle_attention, triangle_attention
-from mini_of3.kernels.triangle_attention import SUPPORTED_HEAD_DIMS, kernel_takes
+from mini_of3.kernels.triangle_attention import kernel_head_dim, kernel_takes
 from mini_of3.model.kernel_choice import OURS, KernelChoice, runs_kernel
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
@@ -120,7 +120,7 @@ def tri_attn_backend_gated(kernels: KernelChoice):
         return None
 
     def attend_gated(qkvg, bias, mask):
-        kernel = "triton" if runs_kernel(backend, kernel_takes(qkvg.select(3, 0))) else "torch"
+        kernel = "triton" if runs_kernel(backend, kernel_takes(qkvg.select(3, 0), pads_head_dim=False)) else "torch"
         return gated_triangle_attention(qkvg, bias, mask, activation=activation, backend=kernel, split_ds=split_ds)
     return attend_gated
 
@@ -130,12 +130,13 @@ def pair_bias_attention(kernels: KernelChoice) -> Attend:
 
     The anchors do not take part here: with ``trifast``, ``cueq`` or ``of3_triton`` chosen for the triangle
     attention, this attention runs as with ``auto``, so a backend comparison swaps the triangle attention only.
-    ``mini_of3`` takes the Triton kernel, ``torch`` the reference; either way the reference takes over where the
-    kernel lacks the head dim (it supports 16, 32, 64, 128): AF3's single attention has head dim 24.
+    ``mini_of3`` takes the Triton kernel, ``torch`` the reference. AF3's single attention has head dim 24: the
+    kernel runs it zero-padded to 32 (:func:`mini_of3.kernels.triangle_attention.kernel_head_dim`); above 128 the
+    reference takes over.
     """
     backend = kernels.tri_attn_backend if kernels.tri_attn_backend in ("mini_of3", "torch") else "auto"
 
     def attend(q, k, v, bias, mask):
-        ours = q.shape[-1] in SUPPORTED_HEAD_DIMS and runs_kernel(backend, kernel_takes(q))
+        ours = kernel_head_dim(q.shape[-1]) is not None and runs_kernel(backend, kernel_takes(q))
         return triangle_attention(q, k, v, bias, mask, activation="softmax", backend="triton" if ours else "torch")
     return attend

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from mini_of3.kernels import gated_triangle_attention, triangle_attention, triangle_attention_ref
+from mini_of3.kernels.triangle_attention import kernel_head_dim
 from mini_of3.kernels.triangle_attention_host import TriAttnTiles, tri_attn_tiles
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -307,9 +308,26 @@ def test_clear_errors(change, error):
 
 
 def test_unsupported_head_dim_for_the_kernel():
-    x = torch.zeros(1, 1, 4, 1, 24, device=DEVICE)
-    with pytest.raises(ValueError, match="head dim"):
+    x = torch.zeros(1, 1, 4, 1, 160, device=DEVICE)
+    with pytest.raises(ValueError, match="head dim D must be at most 128"):
         triangle_attention(x, x, x, torch.zeros(1, 1, 4, 4, device=DEVICE), backend="triton")
+    packed = torch.zeros(1, 1, 4, 4, 1, 24, device=DEVICE)
+    with pytest.raises(ValueError, match=r"gated_triangle_attention: head dim D must be one of \(16, 32, 64, 128\)"):
+        gated_triangle_attention(packed, torch.zeros(1, 1, 4, 4, device=DEVICE), backend="triton")
+
+
+@pytest.mark.parametrize("D,padded", [(24, 32), (8, 16), (40, 64), (100, 128)])
+def test_other_head_dims_run_zero_padded(D, padded):
+    """AF3's single attention (D = 24) and other head dims run the kernel of the next supported head dim on q, k, v
+    zero-padded to it; the scale stays 1/sqrt(D), the output and gradients have D channels."""
+    assert kernel_head_dim(D) == padded
+    q, k, v, bias, mask, do = make_inputs(1, 2, 19, 2, D, torch.float32, masked=True, transposed=True, seed=D)
+    got = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
+    ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double())
+    for name, g, r in zip(("o", "dq", "dk", "dv", "dbias"), got, ref):
+        assert g.shape == r.shape and torch.isfinite(g).all(), name
+        assert rel_err(g, r) < TOLERANCE[torch.float32], (name, rel_err(g, r))
+    assert got[0].is_contiguous()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -363,3 +363,15 @@ def test_transitions_other_than_the_pair_transition_run_pytorch():
     pair = {name for name in backends if name.endswith("pair_transition")}
     assert pair and all(backends[name] == "mini_of3" for name in pair)
     assert len(backends) > len(pair) and all(b == "torch" for name, b in backends.items() if name not in pair)
+
+
+@pytest.mark.parametrize("head_dim,kernel", [(24, "triton"), (16, "triton"), (160, "torch")])
+def test_the_single_attention_runs_our_kernel_at_head_dim_24(monkeypatch, head_dim, kernel):
+    """AF3's single attention (c_s 384, 16 heads: head dim 24) takes our kernel on CUDA, zero-padded to 32 inside
+    the op; only a head dim above 128 falls back to PyTorch (the device is faked: the choice only)."""
+    calls = []
+    monkeypatch.setattr(tab, "triangle_attention", lambda *a, **kw: calls.append(kw["backend"]) or a[0])
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    x = torch.randn(1, 1, 3, 2, head_dim)
+    tab.pair_bias_attention(KernelChoice())(x, x, x, None, None)
+    assert calls == [kernel]
