@@ -286,19 +286,20 @@ def sample_ranked(model: MiniOF3, query: Query, device: torch.device, *, recycle
     generator = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         result = model.sample(batch, n_recycles=recycles, steps=steps, samples=samples, generator=generator)
-    coords = result["coords"][0].float().cpu()                                 # [K, N, 3]
+    coords = result["coords"][0].float()                                       # [K, N, 3] on the device
     plddt = result["plddt"][0].float().cpu()                                   # [K, N]
     order = torch.argsort(plddt.mean(-1), descending=True).tolist()
+    logits = result["distogram_logits"][0].float()                             # [N, N, bins]
+    truth = {key: torch.from_numpy(v).to(device) for key, v in query.features.items()} if query.has_truth else None
     rows = []
     for rank, k in enumerate(order, 1):
         row = {"rank": rank, "sample": k, "plddt": float(plddt[k].mean())}
-        if query.has_truth:
-            f = {key: torch.from_numpy(v) for key, v in query.features.items()}
-            row.update(structure_metrics(coords[k], f["ca"], f["resolved"], f["asym_id"], f["entity_id"],
-                                         f["sym_id"], distogram_logits=result["distogram_logits"][0].float().cpu(),
-                                         true_cb=f["cb"]))
+        if truth is not None:        # computed where the prediction lies: seconds on a CPU for 2,000 tokens
+            row.update(structure_metrics(coords[k], truth["ca"], truth["resolved"], truth["asym_id"],
+                                         truth["entity_id"], truth["sym_id"], distogram_logits=logits,
+                                         true_cb=truth["cb"]))
         rows.append(row)
-    return coords, plddt, rows
+    return coords.cpu(), plddt, rows
 
 
 def format_table(rows: list[dict]) -> str:
