@@ -324,9 +324,13 @@ def main(argv: list[str] | None = None) -> None:
              "bf16": cfg.trainer.mixed_precision == "bf16"}
     rows, left = [], []
     started = time.monotonic()
+    def baseline_rows(seed: int) -> list[dict]:
+        return baselines(replace(cfg, seed=seed), seed, entries, score, device,
+                         folder / f"seed{seed}" / "baselines.json")
+
     for seed in seeds:
-        rows += baselines(replace(cfg, seed=seed), seed, entries, score, device, folder / f"seed{seed}" /
-                          "baselines.json")
+        if arms[0].name in only:           # processes training other arms beside it leave the baselines to it
+            baseline_rows(seed)
         budget = None
         for arm in arms:
             run_dir = planning.arm_folder(folder, seed, arm)
@@ -357,6 +361,8 @@ def main(argv: list[str] | None = None) -> None:
         say(f"{len(left)} of {len(arms) * len(seeds)} arms not trained yet ({', '.join(left)}): the result is "
             f"written once every arm has finished")
         return
+    for seed in seeds:
+        rows += baseline_rows(seed)                                  # read back where scored before
 
     result = result_header("ablation", prog="python -m mini_of3.ablate")
     result.update(kind=kind, config=config, overrides=common, folder=str(folder), steps=steps, seeds=seeds,
