@@ -55,6 +55,7 @@ class TriAttnTiles:
     dkdv_prefetch: int = 2            # what the dK/dV kernel loads one query tile ahead: 0 nothing, 1 q and dO,
                                       # 2 also the bias tile
     fast_exp: bool = True
+    skip_masked_keys: bool = True     # stop every key loop at the row's last valid key (exact: the rest adds 0)
 
 
 tri_attn_tiles = TileOverride("tri_attn_tiles", TriAttnTiles)
@@ -206,6 +207,17 @@ def _key_bias_args(key_bias: torch.Tensor | None, fallback: torch.Tensor) -> tup
     return key_bias, key_bias.stride()
 
 
+def _key_end(key_bias: torch.Tensor | None, config: TriAttnTiles) -> torch.Tensor | None:
+    """One past the last valid key of each row, [B, I] int32 (0 for a row with no valid key), from the bool mask or
+    the -inf of a float key bias; None without a key term or with ``skip_masked_keys`` off. On the device, without
+    a host sync (CUDA graphs keep it)."""
+    if key_bias is None or not config.skip_masked_keys:
+        return None
+    valid = key_bias if key_bias.dtype == torch.bool else key_bias > float("-inf")          # [B, I, K]
+    positions = torch.arange(1, valid.shape[-1] + 1, dtype=torch.int32, device=valid.device)
+    return torch.where(valid, positions, 0).amax(-1).to(torch.int32).contiguous()
+
+
 def forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: bool, fast_exp: bool, gate=None):
     """o [B, I, J, H, D] (given the gate g, with q's strides: sigmoid(g) * o), and for a backward (``residuals``,
     softmax) lse [B, H, I, J] (else an empty tensor)."""
@@ -215,11 +227,13 @@ def forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: boo
     store_lse = residuals and not sigmoid
     lse = allocate((B, H, I, J), torch.float32, q.device) if store_lse else o.new_empty(0, dtype=torch.float32)
     kb_arg, kb_strides = _key_bias_args(key_bias, q)
+    key_end = _key_end(key_bias, config)
     _check_gate(gate, q)
-    args = (q, k, v, bias, kb_arg, o, lse if lse.numel() else o, q if gate is None else gate,
+    args = (q, k, v, bias, kb_arg, q if key_end is None else key_end, o, lse if lse.numel() else o,
+            q if gate is None else gate,
             *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *o.stride(), B, I, J, H, scale)
     flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, STORE_LSE=store_lse, FAST_EXP=fast_exp,
-                 DOT_PREC=dot_precision(q.dtype), BLOCK_D=D, GATED=gate is not None)
+                 DOT_PREC=dot_precision(q.dtype), BLOCK_D=D, GATED=gate is not None, HAS_KEY_END=key_end is not None)
     fixed = triton.Config({"BLOCK_J": config.fwd_block_j, "BLOCK_K": config.fwd_block_k},
                           num_warps=config.fwd_warps, num_stages=config.fwd_stages)
     _launch_tuned("fwd", K._fwd, _fwd_configs(D), fixed, lambda meta: (B * I * H * cdiv(J, meta["BLOCK_J"]),),
@@ -246,6 +260,8 @@ def backward(do, q, k, v, bias, key_bias, o, lse, sigmoid: bool, scale: float, s
     config = tiles(D)
     device = q.device
     kb_arg, kb_strides = _key_bias_args(key_bias, q)
+    key_end = _key_end(key_bias, config)
+    ke_arg = q if key_end is None else key_end
     _check_gate(gate, q)
     if grads is None and gate is not None:
         raise ValueError("triangle attention: a gated backward writes dg, so it needs grads = (dq, dk, dv, dg)")
@@ -264,19 +280,19 @@ def backward(do, q, k, v, bias, key_bias, o, lse, sigmoid: bool, scale: float, s
         launch(K._gate_bwd, (B * I * H * cdiv(J, block_j),),
             do, o, gate, grads[3], do_attn, delta0, *do.stride(), *o.stride(), *gate.stride(), *grads[3].stride(),
             I, J, H, SIGMOID=sigmoid, BLOCK_J=block_j, BLOCK_D=D, num_warps=4)
-    dq_args = (q, k, v, bias, kb_arg, do_attn, o, lse, delta, dq, delta0,
+    dq_args = (q, k, v, bias, kb_arg, ke_arg, do_attn, o, lse, delta, dq, delta0,
                *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *do_attn.stride(), *o.stride(),
                *dq.stride(), B, I, J, H, scale)
     dq_fixed = triton.Config({"BLOCK_J": config.dq_block_j, "BLOCK_K": config.dq_block_k, "ROWS": config.dq_rows},
                              num_warps=config.dq_warps, num_stages=config.dq_stages)
     flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, DOT_PREC=dot_precision(q.dtype), BLOCK_D=D,
-                 FAST_EXP=fast_exp)
+                 FAST_EXP=fast_exp, HAS_KEY_END=key_end is not None)
     _launch_tuned("dq", K._bwd_dq, _dq_configs(D), dq_fixed,
                   lambda meta: (B * cdiv(I, meta["ROWS"]) * H * cdiv(J, meta["BLOCK_J"]),), dq_args,
                   _bucket(J), dict(flags, SPLIT_DS=split_ds, GATED=gate is not None), ("SPLIT_DS", "GATED"))
 
     # the dbias and dK/dV kernels see the attention's own dO
-    common = (q, k, v, bias, kb_arg, do_attn, lse, delta)
+    common = (q, k, v, bias, kb_arg, ke_arg, do_attn, lse, delta)
     strides = (*q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *do_attn.stride())
     dbias = _dbias(common, strides, flags, q, bias, scale, config)
 

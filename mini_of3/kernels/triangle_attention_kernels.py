@@ -4,7 +4,10 @@ B*I*H independent attentions of J queries over K = J keys; all rows i of one (b,
 kept raw, t = q.k + bias / scale + key term, and enter the base-2 exponent as t * scale * log2(e). Row statistics
 lse (base 2) and delta are [B, H, I, J] float32. The key term comes from KEY_BIAS [B, I, K]: the caller's bool mask
 (softmax; 0 or -inf, read in the kernels, no copy) or a float32 key bias built on the host (sigmoid: -inf at masked
-keys plus beta_i / scale). J_BUCKET (the next power of two of J) is unused by the kernels: it is the autotuning key.
+keys plus beta_i / scale). KEY_END [B, I] int32 (HAS_KEY_END) is one past the last valid key of each row: key tiles
+past it hold only masked keys, which add exactly zero to every sum, so the loops stop there (a padded entry's rows
+cost its real keys; a row with no valid key runs no key tile at all). J_BUCKET (the next power of two of J) is unused
+by the kernels: it is the autotuning key.
 
 The default path, in launch order (triangle_attention_host.py):
     _fwd         grid: one program per (query tile, head, row i, batch), query tile fastest.
@@ -52,6 +55,15 @@ def _key_mask(KEY_BIAS, m_base, offs_k, sm_k, J, HAS_KEY_BIAS: tl.constexpr):
             return tl.where(keep != 0, 0.0, float("-inf"))
     else:
         return tl.where(offs_k < J, 0.0, float("-inf"))
+
+
+@triton.jit
+def _key_end(KEY_END, b64, i, I, J, HAS_KEY_END: tl.constexpr):
+    """One past the last valid key of row i (J without KEY_END): key tiles from there on are skipped."""
+    if HAS_KEY_END:
+        return tl.load(KEY_END + b64 * I + i)
+    else:
+        return J
 
 
 @triton.jit
@@ -138,14 +150,14 @@ def _probs_and_dscores(t, scale2, dp, lse, delta, SIGMOID: tl.constexpr, FAST_EX
 
 
 @triton.jit
-def _fwd(Q, K, V, BIAS, KEY_BIAS, O, LSE, G,
+def _fwd(Q, K, V, BIAS, KEY_BIAS, KEY_END, O, LSE, G,
          sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
          sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k,
          so_b, so_i, so_j, so_h, so_d,
          B, I, J, H, scale, J_BUCKET,
          HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, STORE_LSE: tl.constexpr, FAST_EXP: tl.constexpr,
          DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-         GATED: tl.constexpr = False):
+         GATED: tl.constexpr = False, HAS_KEY_END: tl.constexpr = False):
     """o of one query tile of one row: online softmax in base 2 (the score t * scale2 applied inside the exponent's
     FMA), or for sigmoid o = sum_k sigmoid(t) v; for a backward (STORE_LSE) also the base-2 log-sum-exp. GATED
     stores sigmoid(g) * o instead (AF3 SI Alg 14 line 6), g [B, I, J, H, D] with q's strides (one projection)."""
@@ -165,7 +177,7 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, O, LSE, G,
     # small loads (the key mask here, row statistics in the backward) are issued one iteration ahead by hand: the
     # software pipeliner leaves them on the critical path
     mask_next = _key_mask(KEY_BIAS, m_base, offs_kt, sm_k, J, HAS_KEY_BIAS)
-    for k0 in range(0, J, BLOCK_K):
+    for k0 in range(0, _key_end(KEY_END, b64, i, I, J, HAS_KEY_END), BLOCK_K):
         offs_k = k0 + offs_kt
         bias_t = _bias_tile(bias_rows, offs_j, offs_k, sb_k, J, scale)                          # [BJ, BK]
         key_mask = mask_next                                                                    # [BK]
@@ -276,14 +288,14 @@ def _dq_row_store(dq, delta0, p_dp, p_sum, pk, DQ, DELTA, g_base, row_base, offs
 
 
 @triton.jit
-def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ, DELTA0,
+def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, KEY_END, DO, O, LSE, DELTA, DQ, DELTA0,
             sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
             sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
             so_b, so_i, so_j, so_h, so_d, sg_b, sg_i, sg_j, sg_h, sg_d,
             B, I, J, H, scale, J_BUCKET,
             HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr, FAST_EXP: tl.constexpr,
             DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-            ROWS: tl.constexpr = 1, GATED: tl.constexpr = False):
+            ROWS: tl.constexpr = 1, GATED: tl.constexpr = False, HAS_KEY_END: tl.constexpr = False):
     """dQ, one program per (query tile, head, ROWS rows, batch) as the forward: a loop over key tiles recomputes p
     and dS = p (dP - delta) and accumulates dQ = dS k in registers. ROWS = 2 rows share each bias tile load; a
     second row past the end (odd I) is computed on row I - 1 and not stored.
@@ -325,7 +337,10 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, DO, O, LSE, DELTA, DQ, DELTA0,
         p_sum1 = tl.zeros([BLOCK_J], dtype=tl.float32)
         pk1 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
         mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
-    for k0 in range(0, J, BLOCK_K):
+    key_end = _key_end(KEY_END, b64, i0, I, J, HAS_KEY_END)
+    if ROWS == 2:
+        key_end = tl.maximum(key_end, _key_end(KEY_END, b64, i1, I, J, HAS_KEY_END))
+    for k0 in range(0, key_end, BLOCK_K):
         offs_k = k0 + offs_kt
         bias_t = _bias_tile(bias_base, offs_j, offs_k, sb_k, J, scale)                         # [BJ, BK]
         mask0 = mask_next0
@@ -359,13 +374,13 @@ def _dbias_row_vectors(KEY_BIAS, LSE, DELTA, b64, h, i, I, J, H, sm_b, sm_i, sm_
 
 
 @triton.jit
-def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DBIAS,
+def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, KEY_END, DO, LSE, DELTA, DBIAS,
                sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
                sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
                so_c, so_b, so_h, so_j, so_k,
                B, I, J, H, scale, rows_per_chunk, J_BUCKET,
                HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr,
-               BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+               BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HAS_KEY_END: tl.constexpr = False):
     """dbias of one (query tile, key tile) summed over the rows i of one chunk, in order: the bias tile stays in
     registers. Program order: key tile fastest, then query tile, head, batch, and the chunk of rows slowest, so that
     the programs in flight walk the same rows i together and read each row's q, k, v, dO from HBM once."""
@@ -396,13 +411,15 @@ def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DBIAS,
         key_mask_next, lse_next, delta_next = _dbias_row_vectors(KEY_BIAS, LSE, DELTA, b64, h, i + 1, I, J, H,
                                                                  sm_b, sm_i, sm_k, offs_j, offs_k, in_j,
                                                                  HAS_KEY_BIAS, SIGMOID)
-        q = _load_tile(Q + b64 * sq_b + i64 * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)
-        do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J)
-        k, v, t = _key_tile_scores(q, K + b64 * sk_b + i64 * sk_i + h * sk_h, V + b64 * sv_b + i64 * sv_i + h * sv_h,
-                                   bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J, DOT_PREC)
-        dp = dot(do, tl.trans(v), DOT_PREC)
-        _, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
-        acc += ds
+        if kb * BLOCK_K < _key_end(KEY_END, b64, i64, I, J, HAS_KEY_END):   # else this row adds zeros here
+            q = _load_tile(Q + b64 * sq_b + i64 * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)
+            do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J)
+            k, v, t = _key_tile_scores(q, K + b64 * sk_b + i64 * sk_i + h * sk_h,
+                                       V + b64 * sv_b + i64 * sv_i + h * sv_h, bias_t, key_mask, offs_k, offs_d,
+                                       sk_j, sk_d, sv_j, sv_d, J, DOT_PREC)
+            dp = dot(do, tl.trans(v), DOT_PREC)
+            _, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
+            acc += ds
     out_ptrs = DBIAS + c.to(tl.int64) * so_c + b64 * so_b + h * so_h + offs_j[:, None] * so_j + offs_k[None, :] * so_k
     tl.store(out_ptrs, acc.to(DBIAS.dtype.element_ty), mask=in_j[:, None] & (offs_k[None, :] < J))
 
@@ -434,14 +451,14 @@ def _kv_tile_step(k, v, dk, dv, q, do, bias_t, key_mask, lse, delta, scale2, SIG
 
 
 @triton.jit
-def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
+def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, KEY_END, DO, LSE, DELTA, DK, DV,
               sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
               sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
               sg_b, sg_i, sg_j, sg_h, sg_d,
               B, I, J, H, scale, J_BUCKET,
               HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
               FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
-              BLOCK_D: tl.constexpr, PREFETCH: tl.constexpr = 0):
+              BLOCK_D: tl.constexpr, PREFETCH: tl.constexpr = 0, HAS_KEY_END: tl.constexpr = False):
     """dK and dV: a persistent grid whose programs take the rows (b, i, h) pid, pid + programs, ... in turn; for each
     key tile a loop over query tiles accumulates dK, dV in registers. PREFETCH 1: the next query tile's q and dO are
     loaded one step ahead, as the row statistics are (with one pipeline stage they are otherwise loaded at the top
@@ -463,6 +480,7 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
         scale2 = _base2(scale)
 
         mask_next = _key_mask(KEY_BIAS, m_base, offs_kt, sm_k, J, HAS_KEY_BIAS)
+        key_end = _key_end(KEY_END, b64, i, I, J, HAS_KEY_END)
         for k0 in range(0, J, BLOCK_K):
             offs_k = k0 + offs_kt
             key_mask = mask_next                                                                    # [BK]
@@ -478,7 +496,8 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, DO, LSE, DELTA, DK, DV,
             if PREFETCH >= 1:
                 q_next = _load_tile(q_row, offs_jt, offs_d, sq_j, sq_d, J)                           # [BJ, D]
                 do_next = _load_tile(do_row, offs_jt, offs_d, sd_j, sd_d, J)                         # [BJ, D]
-            for j0 in range(0, J, BLOCK_J):
+            # a key tile past the row's last valid key: dK = dV = 0, no query tile to visit
+            for j0 in range(0, tl.where(k0 < key_end, J, 0), BLOCK_J):
                 offs_j = j0 + offs_jt
                 # the row statistics of the next query tile are loaded one step ahead (as the key mask)
                 lse, delta = lse_next, delta_next

@@ -7,6 +7,7 @@ ending node) and a bias in the input dtype each appear at least once. Outputs ar
 """
 from __future__ import annotations
 
+import functools
 import itertools
 
 import pytest
@@ -305,6 +306,32 @@ def test_clear_errors(change, error):
     args.update(change)
     with pytest.raises(error):
         triangle_attention(args.pop("q"), args.pop("k"), args.pop("v"), args.pop("bias"), args.pop("mask"), **args)
+
+
+@pytest.mark.parametrize("activation,gated", [("softmax", False), ("sigmoid", False), ("softmax", True)])
+def test_key_tiles_past_the_last_valid_key_are_skipped_exactly(activation, gated):
+    """A padded entry (its 17 tokens first, as under data.pad_to_crop, pair mask token_i & token_k; the ending
+    layout): every loop stops at its row's last valid key, rows past the entry run none; the output and every
+    gradient equal, bit for bit, those of the loops over every key tile, and the float64 reference."""
+    n, valid = 34, 17
+    token = torch.arange(n) < valid
+    mask = (token[:, None] & token[None, :])[None].to(DEVICE)                            # [1, I, K]
+    if gated:
+        qkvg, bias, _, dout = make_packed(1, n, n, 1, 16, torch.float32, masked=False, transposed=True, seed=5)
+        call, inputs = run_gated, (qkvg, bias, mask, dout)
+    else:
+        q, k, v, bias, _, do = make_inputs(1, n, n, 1, 16, torch.float32, masked=False, transposed=True, seed=5)
+        call, inputs = functools.partial(run, triangle_attention), (q, k, v, bias, mask, do)
+    skipped = call(*inputs, activation=activation, backend="triton")
+    with tri_attn_tiles(skip_masked_keys=False):
+        every_tile = call(*inputs, activation=activation, backend="triton")
+    for got, full in zip(skipped, every_tile):
+        assert torch.equal(got, full)
+    if not gated:
+        ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double(),
+                  activation=activation)
+        assert all(rel_err(g, r) < TOLERANCE[torch.float32] for g, r in zip(skipped, ref))
+        assert torch.count_nonzero(skipped[0][:, valid:]) == 0                      # rows past the entry: zeros
 
 
 def test_unsupported_head_dim_for_the_kernel():
