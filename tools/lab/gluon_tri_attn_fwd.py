@@ -1,0 +1,392 @@
+"""Triangle-attention forward tile loop written in Gluon for Hopper (sm_90): a lab probe, not shipped code.
+
+Targets Triton 3.6.0 (`triton.experimental.gluon`, whose API differs in other Triton versions) and torch 2.11.
+Three kernels over the same math, one program per (query tile, row bih):
+
+    q, k, v  bf16 [B*I*H, J, D]   rows contiguous, D = 32
+    bias     fp32 [B*H, J, J]     shared by every row i of one (b, h)
+    o        bf16 [B*I*H, J, D]   o = softmax(q k^T / sqrt(D) + bias) v, online max/sum in base 2
+
+- `attn_fwd_pipelined`: one warpgroup; K/V tiles arrive by TMA into a STAGES-deep shared ring, each slot guarded by
+  an mbarrier; S = Q K^T and O += P V by wgmma (P from registers); the slot is refilled once its wgmma has retired.
+- `attn_fwd_ws`: the same consumer as the default partition of `gl.warp_specialize`, plus a one-warp TMA producer
+  partition; "ready" and "empty" mbarriers per slot hand tiles between them.
+- `attn_fwd_ws2`: two consumer warpgroups (default + a 4-warp worker, 2 * BLOCK_M queries per program) read one
+  K/V ring, so each K/V tile is loaded once for both; "empty" waits for both consumers. No ping-pong ordering yet.
+
+    python tools/lab/gluon_tri_attn_fwd.py            # compile all for sm_90 (no GPU needed): regs, spills, smem
+                                                      # with a CUDA GPU also: error vs float64, time vs SDPA
+
+Key padding beyond J is masked in registers (the 2-D TMA view runs into the next row's keys); the bias and the
+output go through masked pointer loads/stores. No key mask yet.
+"""
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+LOG2E = 1.4426950408889634
+TARGET = GPUTarget("cuda", 90, 32)
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+BLOCK_M, BLOCK_N, HEAD_D, STAGES = 128, 64, 32, 3
+NUM_WARPS = 4  # one consumer warpgroup
+
+
+@gluon.constexpr_function
+def mma_layout(block_n, num_warps):
+    """wgmma accumulator layout for [BLOCK_M, block_n] fp32 with warps stacked along M."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, block_n, 16])
+
+
+# ---- pieces shared by the kernels -----------------------------------------------------------------------------
+
+
+@gluon.jit
+def _tile_coords(J, I, H, BM: gl.constexpr, NWG: gl.constexpr = 1, WG: gl.constexpr = 0):
+    """-> (bih, first query of warpgroup WG's tile, row of the flattened [B*I*H*J, D] view, bias offset of (b, h)).
+
+    A program covers NWG * BM queries of one row bih; consumer warpgroup WG takes the WG-th BM of them.
+    """
+    m0 = (gl.program_id(0) * NWG + WG) * BM
+    bih = gl.program_id(1)
+    bh = (bih // (I * H)) * H + bih % H
+    return bih, m0, bih * J, bh.to(gl.int64) * J * J
+
+
+@gluon.jit
+def _load_q(q_desc, q_row, q_smem, bar):
+    mbarrier.expect(bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, 0], bar, q_smem)
+    mbarrier.wait(bar, 0)
+
+
+@gluon.jit
+def _load_kv(k_desc, v_desc, kv_row, bar, k_slot, v_slot, pred):
+    mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(k_desc, [kv_row, 0], bar, k_slot, pred=pred)
+    tma.async_copy_global_to_shared(v_desc, [kv_row, 0], bar, v_slot, pred=pred)
+
+
+@gluon.jit
+def _scores(q_smem, k_slot, bias_ptr, bias_off, m0, n0, J, qk_scale,
+            BM: gl.constexpr, BN: gl.constexpr, s_layout: gl.constexpr):
+    """S [BM, BN] fp32 in base 2: (q k^T * scale + bias) * log2(e), keys >= J at -inf."""
+    s = gl.zeros([BM, BN], gl.float32, s_layout)
+    s = warpgroup_mma(q_smem, k_slot.permute((1, 0)), s, use_acc=False, is_async=True)
+    rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))  # [BM]
+    cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))  # [BN]
+    in_j = (rows[:, None] < J) & (cols[None, :] < J)
+    bias = gl.load(bias_ptr + bias_off + rows[:, None] * J + cols[None, :], mask=in_j, other=0.0)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    s = s * qk_scale + bias * 1.4426950408889634
+    return gl.where(cols[None, :] < J, s, float("-inf"))
+
+
+@gluon.jit
+def _online_softmax(s, m_i, l_i, acc, o_layout: gl.constexpr):
+    """One tile of the running softmax: -> (P bf16 [BM, BN], m_i, l_i, rescaled acc [BM, D])."""
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+    return p.to(gl.bfloat16), m_new, l_i, acc * alpha_o[:, None]
+
+
+@gluon.jit
+def _pv(p, v_slot, acc, o_layout: gl.constexpr):
+    """acc [BM, D] += P [BM, BN] @ V [BN, D], P from registers."""
+    p_op = gl.convert_layout(p, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+    acc = warpgroup_mma(p_op, v_slot, acc, is_async=True)
+    return warpgroup_mma_wait(0, deps=(acc, ))
+
+
+@gluon.jit
+def _store_o(o_ptr, acc, l_i, q_row, m0, J, BM: gl.constexpr, D: gl.constexpr, o_layout: gl.constexpr):
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+    o = (acc / l_o[:, None]).to(gl.bfloat16)
+    rows = gl.arange(0, BM, layout=gl.SliceLayout(1, o_layout))  # [BM]
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))  # [D]
+    ptrs = o_ptr + (q_row + m0 + rows[:, None]).to(gl.int64) * D + cols[None, :]
+    gl.store(ptrs, o, mask=(m0 + rows[:, None]) < J)
+
+
+@gluon.jit
+def _consume(q_smem, k_ring, v_ring, ready, empty, bias_ptr, o_ptr, J, I, H, qk_scale,
+             BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, NS: gl.constexpr, SIGNAL_EMPTY: gl.constexpr,
+             k_desc, v_desc, num_warps: gl.constexpr, NWG: gl.constexpr = 1, WG: gl.constexpr = 0):
+    """Consumer warpgroup. SIGNAL_EMPTY: arrive on empty[slot] (warp-specialized); else refill the slot itself."""
+    s_layout: gl.constexpr = mma_layout(BN, num_warps)
+    o_layout: gl.constexpr = mma_layout(D, num_warps)
+    bih, m0, q_row, bias_off = _tile_coords(J, I, H, BM, NWG, WG)
+    m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BM, D], gl.float32, o_layout)
+    n_tiles = gl.cdiv(J, BN)
+    for t in range(n_tiles):
+        slot = t % NS
+        mbarrier.wait(ready.index(slot), (t // NS) & 1)
+        s = _scores(q_smem, k_ring.index(slot), bias_ptr, bias_off, m0, t * BN, J, qk_scale, BM, BN, s_layout)
+        p, m_i, l_i, acc = _online_softmax(s, m_i, l_i, acc, o_layout)
+        acc = _pv(p, v_ring.index(slot), acc, o_layout)
+        if SIGNAL_EMPTY:
+            mbarrier.arrive(empty.index(slot))
+        else:
+            refill = t + NS
+            _load_kv(k_desc, v_desc, q_row + refill * BN, ready.index(slot), k_ring.index(slot), v_ring.index(slot),
+                     refill < n_tiles)
+    _store_o(o_ptr, acc, l_i, q_row, m0, J, BM, D, o_layout)
+
+
+@gluon.jit
+def _alloc(q_desc, k_desc, NS: gl.constexpr, N_CONSUMERS: gl.constexpr = 1):
+    """Shared memory: Q [BM, D], K/V rings [NS, BN, D], one mbarrier for Q and NS 'ready' + NS 'empty'."""
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+    k_ring = gl.allocate_shared_memory(k_desc.dtype, [NS] + k_desc.block_type.shape, k_desc.layout)
+    v_ring = gl.allocate_shared_memory(k_desc.dtype, [NS] + k_desc.block_type.shape, k_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for s in gl.static_range(NS):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=N_CONSUMERS)
+    return q_smem, k_ring, v_ring, q_bar, ready, empty
+
+
+# ---- kernel 1: single warpgroup, TMA ring refilled in-line -----------------------------------------------------
+
+
+@gluon.jit
+def attn_fwd_pipelined(q_desc, k_desc, v_desc, bias_ptr, o_ptr, J, I, H, qk_scale,
+                       NS: gl.constexpr, num_warps: gl.constexpr):
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    D: gl.constexpr = q_desc.block_type.shape[1]
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    q_smem, k_ring, v_ring, q_bar, ready, empty = _alloc(q_desc, k_desc, NS)
+    bih, m0, q_row, bias_off = _tile_coords(J, I, H, BM)
+    n_tiles = gl.cdiv(J, BN)
+    for s in gl.static_range(NS):
+        _load_kv(k_desc, v_desc, q_row + s * BN, ready.index(s), k_ring.index(s), v_ring.index(s), s < n_tiles)
+    _load_q(q_desc, q_row + m0, q_smem, q_bar)
+    _consume(q_smem, k_ring, v_ring, ready, empty, bias_ptr, o_ptr, J, I, H, qk_scale, BM, BN, D, NS, False,
+             k_desc, v_desc, num_warps)
+
+
+# ---- kernel 2: warp-specialized, one producer warp ------------------------------------------------------------
+
+
+@gluon.jit
+def _producer(k_desc, v_desc, k_ring, v_ring, ready, empty, J, I, H, BM: gl.constexpr, BN: gl.constexpr,
+              NS: gl.constexpr):
+    """One warp: wait for a slot to be empty (every consumer has arrived), then TMA the next K/V tile into it."""
+    bih, m0, q_row, bias_off = _tile_coords(J, I, H, BM)
+    for t in range(gl.cdiv(J, BN)):
+        slot = t % NS
+        mbarrier.wait(empty.index(slot), ((t // NS) & 1) ^ 1)  # parity 1 on a fresh barrier passes at once
+        _load_kv(k_desc, v_desc, q_row + t * BN, ready.index(slot), k_ring.index(slot), v_ring.index(slot), True)
+
+
+@gluon.jit
+def _consumer_partition(q_smem, q_bar, k_ring, v_ring, ready, empty, bias_ptr, o_ptr, J, I, H, qk_scale, q_desc,
+                        k_desc, v_desc, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, NS: gl.constexpr,
+                        num_warps: gl.constexpr):
+    bih, m0, q_row, bias_off = _tile_coords(J, I, H, BM)
+    _load_q(q_desc, q_row + m0, q_smem, q_bar)
+    _consume(q_smem, k_ring, v_ring, ready, empty, bias_ptr, o_ptr, J, I, H, qk_scale, BM, BN, D, NS, True,
+             k_desc, v_desc, num_warps)
+
+
+@gluon.jit
+def attn_fwd_ws(q_desc, k_desc, v_desc, bias_ptr, o_ptr, J, I, H, qk_scale,
+                NS: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    D: gl.constexpr = q_desc.block_type.shape[1]
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    q_smem, k_ring, v_ring, q_bar, ready, empty = _alloc(q_desc, k_desc, NS)
+    gl.warp_specialize([
+        (_consumer_partition, (q_smem, q_bar, k_ring, v_ring, ready, empty, bias_ptr, o_ptr, J, I, H, qk_scale, q_desc,
+                               k_desc, v_desc, BM, BN, D, NS, num_warps)),
+        (_producer, (k_desc, v_desc, k_ring, v_ring, ready, empty, J, I, H, BM, BN, NS)),
+    ], [1], [PRODUCER_REGS])
+
+
+# ---- kernel 3: warp-specialized, two consumer warpgroups sharing one K/V ring, one producer warp -------------
+
+
+@gluon.jit
+def _consumer_wg(q_smem, q_bar, k_ring, v_ring, ready, empty, bias_ptr, o_ptr, J, I, H, qk_scale, q_desc, k_desc,
+                 v_desc, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, NS: gl.constexpr, WG: gl.constexpr):
+    """Consumer warpgroup WG of 2: its own Q tile and accumulator, the shared K/V ring."""
+    bih, m0, q_row, bias_off = _tile_coords(J, I, H, BM, 2, WG)
+    _load_q(q_desc, q_row + m0, q_smem, q_bar)
+    _consume(q_smem, k_ring, v_ring, ready, empty, bias_ptr, o_ptr, J, I, H, qk_scale, BM, BN, D, NS, True,
+             k_desc, v_desc, 4, 2, WG)
+
+
+@gluon.jit
+def attn_fwd_ws2(q_desc, k_desc, v_desc, bias_ptr, o_ptr, J, I, H, qk_scale,
+                 NS: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    D: gl.constexpr = q_desc.block_type.shape[1]
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    q0, k_ring, v_ring, bar0, ready, empty = _alloc(q_desc, k_desc, NS, 2)
+    q1 = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+    bar1 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar1, count=1)
+    gl.warp_specialize([
+        (_consumer_wg, (q0, bar0, k_ring, v_ring, ready, empty, bias_ptr, o_ptr, J, I, H, qk_scale, q_desc, k_desc,
+                        v_desc, BM, BN, D, NS, 0)),
+        (_consumer_wg, (q1, bar1, k_ring, v_ring, ready, empty, bias_ptr, o_ptr, J, I, H, qk_scale, q_desc, k_desc,
+                        v_desc, BM, BN, D, NS, 1)),
+        (_producer, (k_desc, v_desc, k_ring, v_ring, ready, empty, J, I, H, BM, BN, NS)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# ---- host side -------------------------------------------------------------------------------------------------
+
+
+def _smem_layouts():
+    q_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], gl.bfloat16)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], gl.bfloat16)
+    return q_layout, kv_layout
+
+
+def _kernels() -> dict:
+    """kernel -> (its extra constexprs, consumer warpgroups per program)."""
+    return {attn_fwd_pipelined: ({}, 1), attn_fwd_ws: ({"PRODUCER_REGS": 24}, 1),
+            attn_fwd_ws2: ({"PRODUCER_REGS": 24, "CONSUMER_REGS": 240}, 2)}
+
+
+def _signature(kernel) -> tuple[dict, dict]:
+    q_layout, kv_layout = _smem_layouts()
+    types = {
+        "q_desc": f"tensordesc<bf16[{BLOCK_M}, {HEAD_D}],{q_layout!r}>",
+        "k_desc": f"tensordesc<bf16[{BLOCK_N}, {HEAD_D}],{kv_layout!r}>",
+        "v_desc": f"tensordesc<bf16[{BLOCK_N}, {HEAD_D}],{kv_layout!r}>",
+        "bias_ptr": "*fp32", "o_ptr": "*bf16", "J": "i32", "I": "i32", "H": "i32", "qk_scale": "fp32",
+    }
+    constexprs = {"NS": STAGES, "num_warps": NUM_WARPS, **_kernels()[kernel][0]}
+    sig = {name: types.get(name, "constexpr") for name in kernel.arg_names}
+    return sig, constexprs
+
+
+def _ptxas_usage(ptx: str) -> tuple[int, int]:
+    """-> (registers per thread, spill store bytes) from the wheel's ptxas -v on the kernel's PTX."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        log = subprocess.run([PTXAS, "-v", "--gpu-name=sm_90a", str(src), "-o", str(Path(tmp) / "k.cubin")],
+                             capture_output=True, text=True, check=True).stderr
+    regs = int(re.search(r"Used (\d+) registers", log).group(1))
+    spills = int(re.search(r"(\d+) bytes spill stores", log).group(1))
+    return regs, spills
+
+
+def compile_offline(kernel) -> dict:
+    """Compile for sm_90 without a GPU; -> regs, spills, shared bytes and a few PTX counts."""
+    sig, constexprs = _signature(kernel)
+    compiled = triton.compile(GluonASTSource(kernel, sig, constexprs), target=TARGET,
+                              options={"num_warps": NUM_WARPS})
+    ptx = compiled.asm["ptx"]
+    regs, spills = _ptxas_usage(ptx)
+    return {"kernel": kernel.fn.__name__, "regs": regs, "spill_bytes": spills, "smem": compiled.metadata.shared,
+            "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg"),
+            "tma": ptx.count("cp.async.bulk.tensor")}
+
+
+def _descriptors(q, k, v):
+    """2-D TMA views [B*I*H*J, D] of the [B*I*H, J, D] tensors."""
+    q_layout, kv_layout = _smem_layouts()
+    q2, k2, v2 = (x.reshape(-1, x.shape[-1]) for x in (q, k, v))
+    return (TensorDescriptor.from_tensor(q2, [BLOCK_M, HEAD_D], q_layout),
+            TensorDescriptor.from_tensor(k2, [BLOCK_N, HEAD_D], kv_layout),
+            TensorDescriptor.from_tensor(v2, [BLOCK_N, HEAD_D], kv_layout))
+
+
+def gluon_attn(kernel, q, k, v, bias, I: int, H: int) -> torch.Tensor:
+    """q, k, v bf16 [B*I*H, J, D]; bias fp32 [B*H, J, J] -> o bf16 [B*I*H, J, D]."""
+    bih, J, D = q.shape
+    o = torch.empty_like(q)
+    q_desc, k_desc, v_desc = _descriptors(q, k, v)
+    extra, n_wg = _kernels()[kernel]
+    grid = (triton.cdiv(J, n_wg * BLOCK_M), bih)
+    kernel[grid](q_desc, k_desc, v_desc, bias, o, J, I, H, LOG2E / math.sqrt(D), NS=STAGES, num_warps=NUM_WARPS,
+                 **extra)
+    return o
+
+
+def reference_fp64(q, k, v, bias, I: int, H: int) -> torch.Tensor:
+    bih, J, D = q.shape
+    B = bih // (I * H)
+    q5, k5, v5 = (x.double().view(B, I, H, J, D) for x in (q, k, v))
+    s = q5 @ k5.transpose(-1, -2) / math.sqrt(D) + bias.double().view(B, 1, H, J, J)
+    return (s.softmax(-1) @ v5).reshape(bih, J, D)
+
+
+def _sdpa(q, k, v, bias, I: int, H: int) -> torch.Tensor:
+    bih, J, D = q.shape
+    B = bih // (I * H)
+    mask = bias.to(q.dtype).view(B, 1, H, J, J).expand(B, I, H, J, J).reshape(bih, J, J)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _time_ms(fn, reps: int = 50) -> float:
+    for _ in range(5):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def run_gpu(B: int = 1, I: int = 256, H: int = 4, J: int = 256) -> None:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B * I * H, J, HEAD_D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    bias = torch.randn(B * H, J, J, device="cuda", dtype=torch.float32)
+    ref = reference_fp64(q, k, v, bias, I, H)
+    print(f"B={B} I={I} H={H} J={J} D={HEAD_D}")
+    sdpa = lambda: _sdpa(q, k, v, bias, I, H)  # noqa: E731
+    err = ((sdpa().double() - ref).norm() / ref.norm()).item()
+    print(f"{'sdpa (bias bf16, expanded)':28s} err {err:.2e}  {_time_ms(sdpa):8.3f} ms")
+    for kernel in _kernels():
+        fn = lambda: gluon_attn(kernel, q, k, v, bias, I, H)  # noqa: E731
+        try:
+            err = ((fn().double() - ref).norm() / ref.norm()).item()
+            print(f"{kernel.fn.__name__:28s} err {err:.2e}  {_time_ms(fn):8.3f} ms", flush=True)
+        except Exception as e:  # a probe: report and go on to the next kernel
+            print(f"{kernel.fn.__name__:28s} FAILED: {type(e).__name__}: {e}", flush=True)
+
+
+def main() -> None:
+    print(f"triton {triton.__version__}, torch {torch.__version__}; offline compile for sm_90, "
+          f"BLOCK_M={BLOCK_M} BLOCK_N={BLOCK_N} D={HEAD_D} STAGES={STAGES} num_warps={NUM_WARPS}")
+    for kernel in _kernels():
+        try:
+            r = compile_offline(kernel)
+            print(f"{r['kernel']:22s} regs {r['regs']}  spill stores {r['spill_bytes']} B  smem {r['smem']} B  "
+                  f"wgmma {r['wgmma']}  tma {r['tma']}  setmaxnreg {r['setmaxnreg']}")
+        except Exception as e:  # a probe: report and go on to the next kernel
+            print(f"{kernel.fn.__name__:22s} compile FAILED: {type(e).__name__}: {str(e)[:2000]}")
+    if torch.cuda.is_available():
+        for J in (256, 768):
+            run_gpu(I=J if J <= 256 else 128, J=J)
+
+
+if __name__ == "__main__":
+    main()
