@@ -218,6 +218,14 @@ def _key_end(key_bias: torch.Tensor | None, config: TriAttnTiles) -> torch.Tenso
     return torch.where(valid, positions, 0).amax(-1).to(torch.int32).contiguous()
 
 
+def _batch_bounds(key_end: torch.Tensor) -> torch.Tensor:
+    """[B, 2] int32 for the dbias kernel: one past the last row with a valid key, one past the last valid key of
+    any row, per batch element."""
+    B, I = key_end.shape
+    rows = torch.arange(1, I + 1, dtype=torch.int32, device=key_end.device)
+    return torch.stack([torch.where(key_end > 0, rows, 0).amax(-1), key_end.amax(-1)], -1).to(torch.int32)
+
+
 def forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: bool, fast_exp: bool, gate=None):
     """o [B, I, J, H, D] (given the gate g, with q's strides: sigmoid(g) * o), and for a backward (``residuals``,
     softmax) lse [B, H, I, J] (else an empty tensor)."""
@@ -294,7 +302,8 @@ def backward(do, q, k, v, bias, key_bias, o, lse, sigmoid: bool, scale: float, s
     # the dbias and dK/dV kernels see the attention's own dO
     common = (q, k, v, bias, kb_arg, ke_arg, do_attn, lse, delta)
     strides = (*q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *do_attn.stride())
-    dbias = _dbias(common, strides, flags, q, bias, scale, config)
+    bounds = q if key_end is None else _batch_bounds(key_end)
+    dbias = _dbias((*common[:5], bounds, *common[6:]), strides, flags, q, bias, scale, config)
 
     # dk, dv after dbias, so that the dbias chunk partials are freed before they are allocated
     dk = allocate((B, I, J, H, D), q.dtype, device) if grads is None else grads[1]

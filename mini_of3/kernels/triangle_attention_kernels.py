@@ -6,7 +6,8 @@ lse (base 2) and delta are [B, H, I, J] float32. The key term comes from KEY_BIA
 (softmax; 0 or -inf, read in the kernels, no copy) or a float32 key bias built on the host (sigmoid: -inf at masked
 keys plus beta_i / scale). KEY_END [B, I] int32 (HAS_KEY_END) is one past the last valid key of each row: key tiles
 past it hold only masked keys, which add exactly zero to every sum, so the loops stop there (a padded entry's rows
-cost its real keys; a row with no valid key runs no key tile at all). J_BUCKET (the next power of two of J) is unused
+cost its real keys; a row with no valid key runs no key tile at all); the dbias kernel, whose loop runs over rows,
+takes the same bounds per batch element. J_BUCKET (the next power of two of J) is unused
 by the kernels: it is the autotuning key.
 
 The default path, in launch order (triangle_attention_host.py):
@@ -374,7 +375,7 @@ def _dbias_row_vectors(KEY_BIAS, LSE, DELTA, b64, h, i, I, J, H, sm_b, sm_i, sm_
 
 
 @triton.jit
-def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, KEY_END, DO, LSE, DELTA, DBIAS,
+def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, BOUNDS, DO, LSE, DELTA, DBIAS,
                sq_b, sq_i, sq_j, sq_h, sq_d, sk_b, sk_i, sk_j, sk_h, sk_d, sv_b, sv_i, sv_j, sv_h, sv_d,
                sb_b, sb_h, sb_j, sb_k, sm_b, sm_i, sm_k, sd_b, sd_i, sd_j, sd_h, sd_d,
                so_c, so_b, so_h, so_j, so_k,
@@ -383,7 +384,10 @@ def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, KEY_END, DO, LSE, DELTA, DBIAS,
                BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HAS_KEY_END: tl.constexpr = False):
     """dbias of one (query tile, key tile) summed over the rows i of one chunk, in order: the bias tile stays in
     registers. Program order: key tile fastest, then query tile, head, batch, and the chunk of rows slowest, so that
-    the programs in flight walk the same rows i together and read each row's q, k, v, dO from HBM once."""
+    the programs in flight walk the same rows i together and read each row's q, k, v, dO from HBM once. BOUNDS [B, 2]
+    int32 (HAS_KEY_END): one past the last row with a valid key and one past the last valid key of any row of the
+    batch element; rows and key tiles past them add zeros and are not visited (the loop's bounds, not a branch in its
+    body, so that the loads in it stay pipelined)."""
     pid = tl.program_id(0)
     n_kb = tl.cdiv(J, BLOCK_K)
     n_jb = tl.cdiv(J, BLOCK_J)
@@ -402,6 +406,9 @@ def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, KEY_END, DO, LSE, DELTA, DBIAS,
     acc = tl.zeros([BLOCK_J, BLOCK_K], dtype=tl.float32)
     i_start = c * rows_per_chunk
     i_end = tl.minimum(i_start + rows_per_chunk, I)
+    if HAS_KEY_END:
+        i_end = tl.minimum(i_end, tl.load(BOUNDS + b64 * 2))
+        i_end = tl.where(kb * BLOCK_K < tl.load(BOUNDS + b64 * 2 + 1), i_end, i_start)
     # the key mask and row statistics of row i + 1 are loaded while row i is computed (by hand; see _fwd)
     key_mask_next, lse_next, delta_next = _dbias_row_vectors(KEY_BIAS, LSE, DELTA, b64, h, i_start, I, J, H, sm_b,
                                                              sm_i, sm_k, offs_j, offs_k, in_j, HAS_KEY_BIAS, SIGMOID)
@@ -411,15 +418,13 @@ def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, KEY_END, DO, LSE, DELTA, DBIAS,
         key_mask_next, lse_next, delta_next = _dbias_row_vectors(KEY_BIAS, LSE, DELTA, b64, h, i + 1, I, J, H,
                                                                  sm_b, sm_i, sm_k, offs_j, offs_k, in_j,
                                                                  HAS_KEY_BIAS, SIGMOID)
-        if kb * BLOCK_K < _key_end(KEY_END, b64, i64, I, J, HAS_KEY_END):   # else this row adds zeros here
-            q = _load_tile(Q + b64 * sq_b + i64 * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)
-            do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J)
-            k, v, t = _key_tile_scores(q, K + b64 * sk_b + i64 * sk_i + h * sk_h,
-                                       V + b64 * sv_b + i64 * sv_i + h * sv_h, bias_t, key_mask, offs_k, offs_d,
-                                       sk_j, sk_d, sv_j, sv_d, J, DOT_PREC)
-            dp = dot(do, tl.trans(v), DOT_PREC)
-            _, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
-            acc += ds
+        q = _load_tile(Q + b64 * sq_b + i64 * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)
+        do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J)
+        k, v, t = _key_tile_scores(q, K + b64 * sk_b + i64 * sk_i + h * sk_h, V + b64 * sv_b + i64 * sv_i + h * sv_h,
+                                   bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J, DOT_PREC)
+        dp = dot(do, tl.trans(v), DOT_PREC)
+        _, ds = _probs_and_dscores(t, scale2, dp, lse[:, None], delta[:, None], SIGMOID, FAST_EXP)
+        acc += ds
     out_ptrs = DBIAS + c.to(tl.int64) * so_c + b64 * so_b + h * so_h + offs_j[:, None] * so_j + offs_k[None, :] * so_k
     tl.store(out_ptrs, acc.to(DBIAS.dtype.element_ty), mask=in_j[:, None] & (offs_k[None, :] < J))
 
