@@ -36,7 +36,8 @@ TARGET = GPUTarget("cuda", 90, 32)
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 DIVISIBLE = ("N", "NN", "AB_PART")   # the pair counts of N a multiple of 16 (every crop size), as the JIT sees them
 UNIT_STRIDES = ("sq_d", "sk_d", "sv_d", "so_d", "sd_d", "sg_d", "sb_k", "sm_k", "so_k")
-POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", BIAS="*fp32", KEY_BIAS="*i1", O="*bf16", LSE="*fp32", DO="*bf16",
+POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", BIAS="*fp32", KEY_BIAS="*i1", KEY_END="*i32", BOUNDS="*i32",
+                O="*bf16", LSE="*fp32", DO="*bf16",
                 DELTA="*fp32", DELTA0="*fp32", G="*bf16", DQ="*bf16", DK="*bf16", DV="*bf16", DBIAS="*fp32",
                 X="*fp32", LN_W="*fp32", LN_B="*fp32", W_A="*bf16", W_B="*bf16", W_O="*bf16", OUT="*bf16",
                 MEAN="*fp32", RSTD="*fp32", DOUT="*bf16", DX="*fp32", HIDDEN="*bf16", DAB="*bf16", XN="*bf16",
@@ -85,10 +86,12 @@ def main() -> None:
     parser.add_argument("--kernel", choices=("fwd", "dq", "dkdv", "dbias", "all", "transition"), default="all")
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--maxnreg", type=int, default=None)
+    parser.add_argument("--full-loops", action="store_true", help="the key loops over every key tile (no KEY_END "
+                        "bound: skip_masked_keys off)")
     args = parser.parse_args()
     d = args.head_dim
     common = dict(HAS_KEY_BIAS=True, SIGMOID=False, FAST_EXP=True, DOT_PREC="tf32", BLOCK_D=d,
-                  GATED=True)   # the model's gated attention
+                  GATED=True, HAS_KEY_END=not args.full_loops)   # the model's gated attention, with a pair mask
     jobs = []   # the default backward: the forward (lse, p unsplit), dQ (exact delta), dK/dV, dbias
     if args.kernel in ("fwd", "all"):
         for c in _fwd_configs(d):
