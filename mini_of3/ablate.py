@@ -6,17 +6,20 @@ per activation at the first crop instead. Each arm trains the config's model (``
 Pairformer, so that every arm and seed fits in about 45 minutes of one GPU) for the same ``--steps`` from each of
 ``--seeds``, with the real trainer, and is then scored on whole entries (:mod:`mini_of3.ablation.scoring`): the
 training entries above 384 tokens (what a crop limits), those of at most 256 (the control) and the validation
-set; at equal steps (the last checkpoint) and at equal GPU time (the checkpoint each arm had reached when the
-smallest crop's arm finished). Beside them, per seed: the untrained model and a random compact chain. The paired
+set; at equal steps (the last checkpoint) and at equal GPU time (each arm's last checkpoint within the first arm's
+GPU time, a step of each crop timed alone first: :mod:`mini_of3.ablation.cost`). Beside them, per seed: the untrained model and a random compact chain. The paired
 differences between arms over seeds and entries, with bootstrap 95 % intervals (:mod:`mini_of3.ablation.stats`),
 say what the crop changed.
 
 Each arm trains in ``<folder>/seed<k>/<arm>`` and leaves ``arm.json`` (its scores) when finished, its checkpoints
 then removed; a finished arm is skipped when the command runs again and an interrupted one resumes, so an
-ablation can span several GPU sessions. Writes ``<out>/ablation_<kind>[_tag].json`` and ``.png`` (``--out``:
+ablation can span several GPU sessions, and arms can train side by side (``--only``, one process each) once
+``--calibrate`` has timed every kind of step alone (``<folder>/step_costs.json``; a run without ``--only`` does it
+first by itself). Writes ``<out>/ablation_<kind>[_tag].json`` and ``.png`` (``--out``:
 the ablation folder unless given).
 
     python -m mini_of3.ablate crops configs/ablation.yaml --seeds 0,1,2 --steps 2000
+    python -m mini_of3.ablate crops configs/ablation.yaml --steps 2000 --calibrate      # then --only ARM per process
     python -m mini_of3.ablate crops configs/ablation.yaml --crops 384 --activation softmax,sigmoid
 """
 from __future__ import annotations
@@ -31,6 +34,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from mini_of3.ablation import cost
 from mini_of3.ablation import plan as planning
 from mini_of3.ablation.figure import SPLITS, plot
 from mini_of3.ablation.scoring import LARGE, METRICS, SMALL, score_model, score_random_chains, scoring_entries
@@ -41,7 +45,9 @@ from mini_of3.bench.trainrun import command_overrides, config_argument, load, pr
 DEFAULT_CONFIG = "configs/ablation.yaml"
 ACTIVATIONS = ("softmax", "sigmoid")
 OPTIONS = ("--crops, --schedule, --seeds, --steps, --activation, --score-samples, --score-steps, --hours, --only, "
-           "--out, --tag")
+           "--calibrate, --calibration-steps, --out, --tag")
+CALIBRATION_STEPS = 40
+COSTS = "step_costs.json"
 COMPARED = ("lddt_ca", "tm_score", "contact_precision", "interchain_contact_precision", "interface_lddt")
 
 
@@ -100,29 +106,34 @@ def schedule(text: str) -> tuple[int, int] | None:
 # one arm, one seed
 
 
-def load_ema(run_dir: Path, step: int | None, device):
-    """The EMA model of a run folder's checkpoint of ``step`` (its latest when None)."""
+def load_ema(checkpoint: Path, device):
+    """The EMA model of a checkpoint folder."""
     from mini_of3.predict import load_model
-    folder = run_dir / "checkpoints" / f"step_{step}" if step is not None else run_dir
-    return load_model(folder, device, prefer="latest", say=say)
+    return load_model(checkpoint, device, prefer="latest", say=say)
 
 
-def equal_time_step(run_dir: Path, seconds: float) -> int:
-    """The latest checkpoint of a run whose training steps had taken at most ``seconds`` (the first if none)."""
-    from mini_of3.training.checkpoint import list_checkpoints, read_state
-    infos = list_checkpoints(run_dir)
-    under = [c.step for c in infos if read_state(c.path).get("train_s", 0.0) <= seconds + 1e-9]
-    return under[-1] if under else infos[0].step
+def equal_time_checkpoint(arm: planning.Arm, seed: int, folder: Path, steps: int, costs: dict[str, float],
+                          budget_s: float):
+    """The arm's last checkpoint (the schedule arm's start run included) within ``budget_s`` of GPU time."""
+    from mini_of3.training.checkpoint import list_checkpoints
+    runs = [planning.arm_folder(folder, seed, arm)]
+    if arm.impl == "finetune":
+        runs.insert(0, planning.start_folder(folder, seed, arm))
+    infos = {c.step: c for run in runs for c in list_checkpoints(run)}        # the arm's own run wins a tie
+    return infos[cost.equal_time_step(arm, list(infos), steps, costs, budget_s)]
 
 
-def arm_summary(arm: planning.Arm, seed: int, log: list[dict]) -> dict:
+def arm_summary(arm: planning.Arm, seed: int, log: list[dict], steps: int, costs: dict[str, float]) -> dict:
     """The arm's training: median step time over the last three quarters of its steps (the first ones compile and
-    autotune), peak memory (GPU), the GPU minutes of its steps."""
+    autotune), peak memory (GPU), the minutes of its steps as they ran (``gpu_minutes``: beside whatever shared the
+    GPU) and at each kind of step's cost alone (``gpu_minutes_alone``: the equal-time clock)."""
     train = [r for r in log if r.get("split") == "train"]
     peaks = [r["peak_mem_gib"] for r in train if r.get("peak_mem_gib") is not None]
+    step = train[-1]["step"]
     return {"impl": arm.impl, "arm": arm.name, "N": arm.crop, "activation": arm.activation, "seed": seed,
-            "step": train[-1]["step"], "step_s": statistics.median(r["step_s"] for r in train[len(train) // 4:]),
-            "peak_mib": max(peaks) * 1024 if peaks else None, "gpu_minutes": train[-1]["train_s"] / 60}
+            "step": step, "step_s": statistics.median(r["step_s"] for r in train[len(train) // 4:]),
+            "peak_mib": max(peaks) * 1024 if peaks else None, "gpu_minutes": train[-1]["train_s"] / 60,
+            "gpu_minutes_alone": cost.arm_seconds(arm, step, steps, costs) / 60}
 
 
 def run_arm(arm: planning.Arm, seed: int, steps: int, *, config: str, common: list[str], folder: Path,
@@ -153,25 +164,27 @@ def train_arm(arm: planning.Arm, seed: int, steps: int, **where) -> None:
     run_arm(arm, seed, steps, **where)
 
 
-def score_arm(arm: planning.Arm, seed: int, run_dir: Path, entries, time_budget: float | None, score: dict,
-              device, began: float) -> dict:
-    """Score an arm's last checkpoint (equal steps) and the one reached within ``time_budget`` seconds of steps
-    (equal GPU time; the last one when None); write and return ``arm.json`` (``wall_minutes``: since ``began``, the
+def score_arm(arm: planning.Arm, seed: int, folder: Path, entries, steps: int, costs: dict[str, float],
+              budget_s: float, score: dict, device, began: float) -> dict:
+    """Score an arm's last checkpoint (equal steps) and its last within ``budget_s`` of GPU time at each kind of
+    step's cost alone (equal GPU time); write and return ``arm.json`` (``wall_minutes``: since ``began``, the
     monotonic clock when its training started in this command); remove the checkpoints."""
     import torch
+    from mini_of3.training.checkpoint import list_checkpoints
     from mini_of3.training.runlog import read_log
-    summary = arm_summary(arm, seed, read_log(run_dir / "log.jsonl"))
-    budgets = {"steps": summary["step"],
-               "time": summary["step"] if time_budget is None else equal_time_step(run_dir, time_budget)}
+    run_dir = planning.arm_folder(folder, seed, arm)
+    summary = arm_summary(arm, seed, read_log(run_dir / "log.jsonl"), steps, costs)
+    budgets = {"steps": list_checkpoints(run_dir)[-1],
+               "time": equal_time_checkpoint(arm, seed, folder, steps, costs, budget_s)}
     scored: dict[int, list[dict]] = {}
     rows = []
-    for budget, step in budgets.items():
-        if step not in scored:
-            model, _, _ = load_ema(run_dir, step, device)
-            scored[step] = score_model(model, entries, device=device, seed=seed, **score)
+    for budget, checkpoint in budgets.items():
+        if checkpoint.step not in scored:
+            model, _, _ = load_ema(checkpoint.path, device)
+            scored[checkpoint.step] = score_model(model, entries, device=device, seed=seed, **score)
             del model
         rows += [{"impl": arm.impl, "arm": arm.name, "N": arm.crop, "activation": arm.activation, "seed": seed,
-                  "budget": budget, "step": step, **r} for r in scored[step]]
+                  "budget": budget, "step": checkpoint.step, **r} for r in scored[checkpoint.step]]
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     result = {"summary": {**summary, "wall_minutes": (time.monotonic() - began) / 60, "device": card}, "rows": rows}
     write_json(result, run_dir / "arm.json")
@@ -179,6 +192,32 @@ def score_arm(arm: planning.Arm, seed: int, run_dir: Path, entries, time_budget:
         shutil.rmtree(checkpoints, ignore_errors=True)
     free_memory()
     return result
+
+
+def calibrate(kinds: list[tuple[int, str]], calibration_steps: int, seed: int, device, *, config: str,
+              common: list[str], folder: Path, prepared: Path) -> None:
+    """Time each kind of step (crop, activation) alone: ``calibration_steps`` steps of the real trainer from
+    ``seed`` (the same entries for every kind) in a scratch run, removed after; write ``<folder>/step_costs.json``
+    (the mean step seconds after :data:`cost.WARMUP` steps, per kind, and the device)."""
+    import torch
+    from mini_of3.training.runlog import read_log
+    costs = {}
+    for crop, act in kinds:
+        name = cost.kind(crop, act)
+        run_dir = folder / "calibration" / name
+        shutil.rmtree(run_dir, ignore_errors=True)
+        keys = {"seed": seed, "data.crop_size": crop, "model.tri_attn_activation": act, "trainer.out_dir": run_dir,
+                "trainer.max_steps": calibration_steps, "trainer.checkpoint_every": 10 ** 9,
+                "trainer.val_every": 10 ** 9}           # the arms' entries and order; validated at start and end
+        cfg = load(config, [*common, *(f"{k}={v}" for k, v in keys.items())])
+        run_trainer(replace(cfg, data=replace(cfg.data, root=str(prepared))))
+        times = [r["step_s"] for r in read_log(run_dir / "log.jsonl") if r.get("split") == "train"]
+        costs[name] = cost.mean_step_seconds(times)
+        say(f"calibration: {name} {costs[name]:.3f} s a step alone (mean of {max(len(times) - cost.WARMUP, 1)})")
+    shutil.rmtree(folder / "calibration", ignore_errors=True)
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    write_json({"device": card, "steps": calibration_steps, "warmup": cost.WARMUP, "step_s": costs},
+               folder / COSTS)
 
 
 def baselines(cfg, seed: int, entries, score: dict, device, path: Path) -> list[dict]:
@@ -266,8 +305,12 @@ def main(argv: list[str] | None = None) -> None:
                         "hours of the command (judged by the same arm's time in a finished seed); run the command "
                         "again to go on")
     parser.add_argument("--only", default=None, help="comma-separated arms (e.g. crop384,finetune384to768) to train "
-                        "in this command, the others left for another (the first arm of a seed finishes first: the "
-                        "others' equal-time scores need its time); the result is written once every arm has finished")
+                        "in this command, the others left for another (after --calibrate, so that processes may "
+                        "train side by side); the result is written once every arm has finished")
+    parser.add_argument("--calibrate", action="store_true", help="time every kind of step alone on this device "
+                        "(<folder>/step_costs.json: the equal-time clock), then stop; run it with the GPU to itself")
+    parser.add_argument("--calibration-steps", type=int, default=CALIBRATION_STEPS, help="steps per kind of step "
+                        f"in the calibration (the first {cost.WARMUP} not timed)")
     parser.add_argument("--out", default=None, help="folder of the JSON and PNG (default: the ablation folder)")
     parser.add_argument("--tag", default="", help="suffix of the ablation folder and result file names")
     args, extra = parser.parse_known_args(argv)
@@ -279,6 +322,8 @@ def main(argv: list[str] | None = None) -> None:
     chosen_schedule = schedule(args.schedule) if activations is None else None
     if args.hours is not None and not args.hours > 0:
         raise SystemExit(f"--hours must be > 0, got {args.hours}")
+    if args.calibration_steps < 1:
+        raise SystemExit(f"--calibration-steps must be >= 1, got {args.calibration_steps}")
     if args.score_samples < 1 or args.score_steps < 1:
         raise SystemExit(f"--score-samples and --score-steps must be >= 1, got {args.score_samples}, "
                          f"{args.score_steps}")
@@ -315,6 +360,18 @@ def main(argv: list[str] | None = None) -> None:
                         "score": [args.score_samples, args.score_steps, args.large_tokens, args.small_tokens]})
     import torch
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    where = dict(config=config, common=common, folder=folder, prepared=prepared)
+    if args.calibrate or not (folder / COSTS).is_file():
+        if args.only is not None and not args.calibrate:
+            raise SystemExit(f"{folder / COSTS}: no step costs yet, and --only trains beside other processes: run "
+                             f"the same command with --calibrate instead of --only first, with the GPU to itself")
+        calibrate(cost.step_kinds(arms), args.calibration_steps, cfg.seed, device, **where)
+        if args.calibrate:
+            return
+    costs = json.loads((folder / COSTS).read_text())["step_s"]
+    if missing := [cost.kind(*k) for k in cost.step_kinds(arms) if cost.kind(*k) not in costs]:
+        raise SystemExit(f"{folder / COSTS} has no cost for {', '.join(missing)}; run the same command with "
+                         f"--calibrate (alone on the GPU) to time them")
     entries = scoring_entries(prepared, cfg.data, cfg.seed, args.large_tokens, args.small_tokens)
     counts = {s: sum(e.split == s for e in entries) for s in SPLITS}
     say(f"{len(arms)} arms x {len(seeds)} seeds, {steps} steps each; scored on {counts['train_large']} large and "
@@ -328,10 +385,10 @@ def main(argv: list[str] | None = None) -> None:
         return baselines(replace(cfg, seed=seed), seed, entries, score, device,
                          folder / f"seed{seed}" / "baselines.json")
 
+    budget_s = cost.arm_seconds(arms[0], steps, steps, costs)      # the first arm's GPU time: the equal-time budget
     for seed in seeds:
         if arms[0].name in only:           # processes training other arms beside it leave the baselines to it
             baseline_rows(seed)
-        budget = None
         for arm in arms:
             run_dir = planning.arm_folder(folder, seed, arm)
             if (run_dir / "arm.json").is_file():
@@ -341,21 +398,14 @@ def main(argv: list[str] | None = None) -> None:
                 left.append(f"seed {seed} {arm.name}")
                 continue
             else:
-                reference = planning.arm_folder(folder, seed, arms[0])
-                if budget is None and arm != arms[0]:
-                    say(f"seed {seed} {arm.name}: its equal-time score needs the time of {arms[0].name} (seed {seed}), "
-                        f"not finished: once trained, it waits for that arm (--only {arms[0].name} in another "
-                        f"process)")
                 check_time_left(args.hours, started, folder, seed, arm)
                 began = time.monotonic()
-                train_arm(arm, seed, steps, config=config, common=common, folder=folder, prepared=prepared)
-                if budget is None and arm != arms[0]:
-                    budget = reference_seconds(reference, f"seed {seed} {arm.name}")
-                result = score_arm(arm, seed, run_dir, entries, budget, score, device, began)
+                train_arm(arm, seed, steps, **where)
+                result = score_arm(arm, seed, folder, entries, steps, costs, budget_s, score, device, began)
                 s = result["summary"]
-                say(f"seed {seed} {arm.name}: {s['step']} steps, {s['gpu_minutes']:.1f} GPU min, median step "
-                    f"{s['step_s']:.3f} s, {s['wall_minutes']:.1f} min trained and scored")
-            budget = budget if budget is not None else result["summary"]["gpu_minutes"] * 60
+                say(f"seed {seed} {arm.name}: {s['step']} steps, {s['gpu_minutes']:.1f} GPU min as run "
+                    f"({s['gpu_minutes_alone']:.1f} alone), median step {s['step_s']:.3f} s, "
+                    f"{s['wall_minutes']:.1f} min trained and scored")
             rows += [result["summary"], *result["rows"]]
     if left:
         say(f"{len(left)} of {len(arms) * len(seeds)} arms not trained yet ({', '.join(left)}): the result is "
@@ -377,22 +427,6 @@ def main(argv: list[str] | None = None) -> None:
     print()
     report(result)
     print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
-
-
-def reference_seconds(reference: Path, waiting: str, limit_s: float = 3600.0, poll_s: float = 10.0) -> float:
-    """The GPU seconds of the steps of a seed's first arm, trained in ``reference`` by another process: read from its
-    ``arm.json``, waited for (one line said) until it appears, at most ``limit_s``."""
-    path = reference / "arm.json"
-    deadline = time.monotonic() + limit_s
-    if not path.is_file():
-        say(f"{waiting}: trained; waiting for {reference.name} (another process) to finish: its time is the "
-            f"equal-time budget")
-    while not path.is_file():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{waiting}: {reference.name} has not finished in {limit_s / 60:.0f} min; run the same "
-                             f"command again once it has (this arm is trained and will be scored)")
-        time.sleep(poll_s)
-    return json.loads(path.read_text())["summary"]["gpu_minutes"] * 60
 
 
 def check_time_left(hours: float | None, started: float, folder: Path, seed: int, arm: planning.Arm) -> None:

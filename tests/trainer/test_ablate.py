@@ -1,7 +1,7 @@
 """``python -m mini_of3.ablate crops`` on the CPU with the tiny model: two crops and the schedule from one to the
 other, two seeds, four steps each; whole-entry scoring per split beside the untrained model and a random chain;
-paired comparisons with intervals; an interrupted ablation resumes (finished arms skipped); bad arguments are one
-clear line."""
+paired comparisons with intervals; equal GPU time from each kind of step timed alone first; an interrupted ablation
+resumes (finished arms skipped); bad arguments are one clear line."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -17,7 +16,7 @@ import pytest
 
 import mini_of3.trainer as trainer_module
 from mini_of3 import ablate
-from mini_of3.ablation import plan
+from mini_of3.ablation import cost, plan
 from mini_of3.baselines import random_compact_chain
 from mini_of3.ablation.stats import bootstrap_interval, compare, paired_differences
 from mini_of3.data import read_manifest
@@ -43,22 +42,26 @@ def test_arms_train_from_each_seed_and_are_scored_whole_with_paired_intervals(sm
     tokens = {r.id: r.tokens for r in read_manifest(prepared)}
     folder, out = tmp_path / "ablation", tmp_path / "results"
     argv = ["crops", "configs/default.yaml", "--crops", "16,24", "--schedule", "16:24", "--seeds", "0,1", "--steps",
-            "4", "--score-steps", "2", "--large-tokens", "60", "--small-tokens", "50", "--out", str(out), "--tag",
-            "t", *tiny_args(prepared, val_id, folder)]
+            "4", "--score-steps", "2", "--large-tokens", "60", "--small-tokens", "50", "--calibration-steps", "2",
+            "--out", str(out), "--tag", "t", *tiny_args(prepared, val_id, folder)]
 
     # the first run: SIGTERM in seed 1's crop24 arm stops the ablation at a checkpoint
     real_losses, calls = trainer_module.compute_losses, {"n": 0}
 
     def stop_in_seed_1(outputs, batch, cfg):
         calls["n"] += 1
-        if calls["n"] == 12 + 4 + 2:    # seed 0: crop16 and crop24 4 steps each, the schedule's crop16 3 and crop24 1;
-            os.kill(os.getpid(), signal.SIGTERM)      # seed 1: crop16, then crop24's second step stops
+        if calls["n"] == 4 + 12 + 4 + 2:   # calibration: 2 steps of each crop; seed 0: crop16 and crop24 4 steps
+            os.kill(os.getpid(), signal.SIGTERM)   # each, the schedule's crop16 3 and crop24 1; seed 1: crop16, then
+                                                   # crop24's second step stops
         return real_losses(outputs, batch, cfg)
 
     monkeypatch.setattr(trainer_module, "compute_losses", stop_in_seed_1)
     with pytest.raises(SystemExit, match="seed 1 crop24: stopped by SIGTERM at step 1; run the same command again"):
         ablate.main(argv)
     assert (folder / "seed0" / "finetune16to24" / "arm.json").is_file()
+    costs = json.loads((folder / "step_costs.json").read_text())
+    assert set(costs["step_s"]) == {"crop16_softmax", "crop24_softmax"} and costs["device"] == "cpu"
+    assert all(c > 0 for c in costs["step_s"].values()) and not (folder / "calibration").exists()
     for scored in ("crop16", "finetune16to24", "finetune16to24/start"):                # checkpoints removed
         assert (folder / "seed0" / scored / "log.jsonl").is_file()
         assert not (folder / "seed0" / scored / "checkpoints").exists()
@@ -84,6 +87,10 @@ def test_arms_train_from_each_seed_and_are_scored_whole_with_paired_intervals(sm
         (a, s) for a in ("crop16", "crop24", "finetune16to24") for s in (0, 1))
     assert all(r["step"] == 4 and r["step_s"] > 0 and 0 < r["gpu_minutes"] < r["wall_minutes"] and r["device"] == "cpu"
                for r in summaries)
+    for r in summaries:                             # GPU time at each kind of step's cost alone
+        arm = next(plan.Arm(**{k: a[k] for k in ("impl", "crop", "activation", "start_crop")})
+                   for a in result["arms"] if a["name"] == r["arm"])
+        assert r["gpu_minutes_alone"] == pytest.approx(cost.arm_seconds(arm, 4, 4, costs["step_s"]) / 60)
     entries = [r for r in rows if r.get("entry")]
     assert all(ENTRY_KEYS <= set(r) for r in entries)
     splits = {r["entry"]: r["split"] for r in entries}
@@ -150,12 +157,18 @@ def test_hours_stops_before_an_arm_that_took_longer_in_another_seed(tmp_path):
 
 
 def test_two_processes_train_the_arms_of_one_seed_side_by_side(small_data, tmp_path, capsys):
-    """What tools/lab/device_ablation.sh does on the GPU: one process per arm; the larger crop's waits, once trained,
-    for the first arm's time before it is scored."""
+    """What tools/lab/device_ablation.sh does on the GPU: every kind of step timed alone first, then one process per
+    arm; without the calibration, --only is one clear line."""
     prepared, val_id = small_data
     folder = tmp_path / "ablation"
     argv = ["crops", "configs/default.yaml", "--crops", "16,24", "--schedule", "none", "--seeds", "0", "--steps", "2",
-            "--score-steps", "2", "--large-tokens", "60", "--small-tokens", "50", *tiny_args(prepared, val_id, folder)]
+            "--score-steps", "2", "--large-tokens", "60", "--small-tokens", "50", "--calibration-steps", "1",
+            *tiny_args(prepared, val_id, folder)]
+    with pytest.raises(SystemExit, match="no step costs yet, and --only trains beside other processes: run the same "
+                                         "command with --calibrate instead of --only first"):
+        ablate.main([*argv, "--only", "crop24"])
+    ablate.main([*argv, "--calibrate"])
+    assert not list(folder.glob("seed0/*/arm.json"))                          # calibrated, nothing trained
     beside = subprocess.Popen([sys.executable, "-m", "mini_of3.ablate", *argv, "--only", "crop24"], cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ablate.main([*argv, "--only", "crop16"])
@@ -168,16 +181,22 @@ def test_two_processes_train_the_arms_of_one_seed_side_by_side(small_data, tmp_p
     assert json.loads((folder / "ablation_crops.json").read_text())["comparisons"]
 
 
-def test_an_arm_trained_beside_the_first_waits_for_its_time(tmp_path):
-    reference = tmp_path / "crop256"
-    reference.mkdir()
-    with pytest.raises(SystemExit, match="crop256 has not finished in 0 min; run the same command again"):
-        ablate.reference_seconds(reference, "seed 0 crop768", limit_s=0.05, poll_s=0.01)
-    finish = threading.Timer(0.1, lambda: (reference / "arm.json").write_text(
-        json.dumps({"summary": {"gpu_minutes": 2.5}, "rows": []})))
-    finish.start()
-    assert ablate.reference_seconds(reference, "seed 0 crop768", limit_s=5, poll_s=0.01) == 150.0
-    finish.join()
+def test_equal_gpu_time_counts_each_kind_of_step_at_its_cost_alone():
+    costs = {"crop256_softmax": 0.1, "crop384_softmax": 0.1, "crop768_softmax": 0.2}
+    crop256, crop768 = plan.Arm("crop", 256, "softmax"), plan.Arm("crop", 768, "softmax")
+    schedule = plan.Arm("finetune", 768, "softmax", start_crop=384)
+    assert cost.step_kinds([crop256, crop768, schedule]) == [(256, "softmax"), (768, "softmax"), (384, "softmax")]
+    assert cost.arm_seconds(crop768, 1000, 1000, costs) == pytest.approx(200.0)
+    assert cost.arm_seconds(schedule, 1000, 1000, costs) == pytest.approx(750 * 0.1 + 250 * 0.2)
+    assert cost.arm_seconds(schedule, 500, 1000, costs) == pytest.approx(50.0)        # still in its first part
+    checkpoints = list(range(50, 1001, 50))
+    budget = cost.arm_seconds(crop256, 1000, 1000, costs)                             # 100 s
+    assert cost.equal_time_step(crop256, checkpoints, 1000, costs, budget) == 1000
+    assert cost.equal_time_step(crop768, checkpoints, 1000, costs, budget) == 500
+    assert cost.equal_time_step(schedule, checkpoints, 1000, costs, budget) == 750 + 100
+    assert cost.equal_time_step(crop768, [600, 700], 1000, costs, budget) == 600     # none within: the first
+    assert cost.mean_step_seconds([9.0] * cost.WARMUP + [1.0, 2.0]) == 1.5           # compiling steps left out
+    assert cost.mean_step_seconds([3.0]) == 3.0
 
 
 def test_paired_differences_and_their_bootstrap_interval():

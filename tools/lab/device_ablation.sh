@@ -1,23 +1,28 @@
-# One device call of the crop ablation (issue 39): every arm of one seed (or of each of SEEDS) at once, one process
-# per arm and seed sharing the
-# GPU (a step of the ablation model leaves the H100 75 % idle; all arms share it alike, so their GPU times compare),
-# resuming the ablation folder carried in .device/ablation (the arm.json and log of every finished arm). The first
-# arm's process finishes first; the others, once trained, wait for its time (their equal-time budget). Returns the
-# folder, checkpoints left out, as $OUT/ablation_arms.tgz: unpack it into .device/ablation for the next call. Once
-# every seed has finished, `python -m mini_of3.ablate crops` with the same arguments and no --only (on any machine)
-# writes the result.
-# Each process's log goes into .device/ablation/logs (inside the returned tgz: $OUT holds at most 8 files).
-#   run: source tools/lab/device_env.sh && SEED=0 STEPS=2000 LIMIT=560 bash tools/lab/device_ablation.sh
-#        (SEEDS="1 2" trains two seeds' arms side by side: ten processes)
+# One device call of the crop ablation (issue 39): the ARMS of each of SEEDS at once, one process per arm and seed
+# sharing the GPU (a step of the ablation model alone leaves an H100 75 % idle), resuming the ablation folder carried
+# in .device/ablation (the arm.json and log of every finished arm). The first call times every kind of step alone
+# first (--calibrate: step_costs.json, the equal-time clock), so any arms may share any call; a call must finish
+# the arms it starts (checkpoints do not come back). Each process's log goes into .device/ablation/logs. Returns
+# the folder, checkpoints left out, as $OUT/ablation_arms.tgz: unpack it into .device/ablation for the next call.
+# Once every arm of every seed has finished, `python -m mini_of3.ablate crops` with the same arguments and no --only
+# (any machine) writes the result.
+#   run: source tools/lab/device_env.sh && SEEDS=0 ARMS="crop256 crop768" STEPS=2000 LIMIT=560 \
+#        bash tools/lab/device_ablation.sh
 FOLDER=.device/ablation/${NAME:-crops}
 LOGS=.device/ablation/logs
 ARMS=${ARMS:-crop256 crop384 crop512 crop768 finetune384to768}
-SEEDS=${SEEDS:-${SEED:-0}}
+SEEDS=${SEEDS:-0}
 mkdir -p $FOLDER $LOGS
 n=$(( $(echo $ARMS | wc -w) * $(echo $SEEDS | wc -w) ))
 export OMP_NUM_THREADS=$(( 15 / n > 0 ? 15 / n : 1 ))   # one process per arm on 16 cores: no oversubscribed CPU ops
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 5 > $OUT/gpu_util.csv 2>/dev/null &
 monitor=$!
+if [ ! -f $FOLDER/step_costs.json ]; then   # every kind of step timed alone first: the equal-time clock
+  timeout -s TERM -k 30 ${LIMIT:-560} python3 -m mini_of3.ablate crops configs/ablation.yaml --seeds ${SEEDS%% *} \
+    --steps ${STEPS:-2000} --calibrate data.root=.device/data/cache data.cache_dir=.device/data/cache \
+    trainer.out_dir=$FOLDER > $LOGS/calibration.log 2>&1
+  grep "^ablate: calibration" $LOGS/calibration.log
+fi
 pids=""
 for seed in $SEEDS; do
   for arm in $ARMS; do
