@@ -7,7 +7,7 @@
 # Once every arm of every seed has finished, `python -m mini_of3.ablate crops` with the same arguments and no --only
 # (any machine) writes the result.
 #   run: source tools/lab/device_env.sh && SEEDS=0 ARMS="crop256 crop768" STEPS=2000 LIMIT=560 \
-#        bash tools/lab/device_ablation.sh
+#        bash tools/lab/device_ablation.sh          (MPS=1: through NVIDIA's multi-process service)
 FOLDER=.device/ablation/${NAME:-crops}
 LOGS=.device/ablation/logs
 ARMS=${ARMS:-crop256 crop384 crop512 crop768 finetune384to768}
@@ -15,6 +15,11 @@ SEEDS=${SEEDS:-0}
 mkdir -p $FOLDER $LOGS
 n=$(( $(echo $ARMS | wc -w) * $(echo $SEEDS | wc -w) ))
 export OMP_NUM_THREADS=$(( 15 / n > 0 ? 15 / n : 1 ))   # one process per arm on 16 cores: no oversubscribed CPU ops
+if [ "${MPS:-0}" = 1 ]; then                # kernels of the processes run concurrently instead of in time slices
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+  nvidia-cuda-mps-control -d && echo "MPS on" || { echo "MPS could not start: time slices"; unset CUDA_MPS_PIPE_DIRECTORY; }
+fi
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 5 > $OUT/gpu_util.csv 2>/dev/null &
 monitor=$!
 if [ ! -f $FOLDER/step_costs.json ]; then   # every kind of step timed alone first: the equal-time clock
@@ -34,6 +39,7 @@ for seed in $SEEDS; do
 done
 wait $pids
 kill $monitor 2>/dev/null
+[ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control
 tar czf $OUT/ablation_arms.tgz --exclude=checkpoints -C .device/ablation .
 for seed in $SEEDS; do for arm in $ARMS; do
   echo "== seed $seed $arm"; tr '\r' '\n' < $LOGS/seed${seed}_$arm.log | grep "^ablate:\|Error\|step/s" | tail -3
