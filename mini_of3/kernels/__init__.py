@@ -2,9 +2,9 @@
 
 Public API (docs/design.md, Tensor conventions):
     triangle_attention(q, k, v, bias, mask=None, *, activation="softmax", scale=None, sigmoid_bias=None,
-                       backend="auto", split_ds=False) -> o
+                       backend="auto", split_ds=False, mask_queries=False) -> o
     gated_triangle_attention(qkvg, bias, mask=None, *, activation="softmax", scale=None, sigmoid_bias=None,
-                             backend="auto", split_ds=False) -> sigmoid(g) * o
+                             backend="auto", split_ds=False, mask_queries=False) -> sigmoid(g) * o
     triangle_multiplication(z, mask=None, *, direction="outgoing", norm_in_weight, norm_in_bias, p_in_weight,
                             g_in_weight, norm_out_weight, norm_out_bias, p_out_weight, g_out_weight, eps=1e-5,
                             backend="auto") -> [B, N, N, C]

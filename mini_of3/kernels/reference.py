@@ -24,6 +24,7 @@ def triangle_attention_ref(
     activation: str = "softmax",
     scale: float | None = None,
     sigmoid_bias: float | None = None,
+    mask_queries: bool = False,
 ) -> torch.Tensor:
     """Triangle attention around the starting node (AF3 SI Alg 14, the attention part), one row i at a time.
 
@@ -31,12 +32,15 @@ def triangle_attention_ref(
     s = scale * q[b, i, j, h] . k[b, i, k, h] + bias[b, h, j, k] over the keys k where mask[b, i, k] is True, and
     p = softmax_k(s) (activation="softmax") or p = sigmoid(s + beta_i) (activation="sigmoid"), where
     beta_i = -log(number of valid keys in row i) unless ``sigmoid_bias`` is given.
-    A row with no valid key gives zeros.
+    A row with no valid key gives zeros. ``mask_queries``: the mask holds for the queries too (query j of row i is
+    masked exactly when mask[b, i, j] is False): p of a masked query is 0, so its output is 0 and every gradient
+    through it is 0.
 
     Args:
         q, k, v: [B, I, J, H, D]
         bias: [B, H, J, K] (K == J), shared by every row i
         mask: [B, I, K] bool, True = attend; None = all keys valid
+        mask_queries: also mask the queries (a pair mask token_i & token_k, whose valid queries are the valid keys)
     Returns:
         o: [B, I, J, H, D] in q's dtype
     """
@@ -59,6 +63,8 @@ def triangle_attention_ref(
         probs = torch.sigmoid(scores + beta) * key_valid
     else:
         raise ValueError(f"activation must be 'softmax' or 'sigmoid', got {activation!r}")
+    if mask_queries:
+        probs = probs * mask[:, :, None, :, None]                   # [B, I, 1, J, 1]: masked queries' p = 0
     return torch.einsum("bihjk,bikhd->bijhd", probs.to(v.dtype), v)
 
 

@@ -1,8 +1,11 @@
 """The host side of the fused triangle attention: tiles, the autotune cache and the launchers.
 
-    forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp, gate=None) -> o, lse
-    backward(do, q, k, v, bias, key_bias, o, lse, sigmoid, scale, split_ds, fast_exp, gate=None, grads=None)
-        -> dq, dk, dv, dbias
+    forward(q, k, v, bias, key_bias, sigmoid, scale, residuals, fast_exp, gate=None, mask_queries=False) -> o, lse
+    backward(do, q, k, v, bias, key_bias, o, lse, sigmoid, scale, split_ds, fast_exp, gate=None, grads=None,
+             mask_queries=False) -> dq, dk, dv, dbias
+
+``mask_queries``: the key term's mask holds for the queries too (the kernels' MASK_QUERIES); the caller passes it
+only with a mask.
 
 Tiles (``TriAttnTiles``) are autotuned on the GPU, per kernel and shape bucket, and fixed under the interpreter, with
 ``MINI_OF3_AUTOTUNE=0`` or inside ``with tri_attn_tiles(...)``. The kernels and their launch order:
@@ -226,9 +229,10 @@ def _batch_bounds(key_end: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.where(key_end > 0, rows, 0).amax(-1), key_end.amax(-1)], -1).to(torch.int32)
 
 
-def forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: bool, fast_exp: bool, gate=None):
+def forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: bool, fast_exp: bool, gate=None,
+            mask_queries: bool = False):
     """o [B, I, J, H, D] (given the gate g, with q's strides: sigmoid(g) * o), and for a backward (``residuals``,
-    softmax) lse [B, H, I, J] (else an empty tensor)."""
+    softmax) lse [B, H, I, J] (else an empty tensor); ``mask_queries``: o = 0 and lse = +inf at masked queries."""
     B, I, J, H, D = q.shape
     config = tiles(D)
     o = allocate((B, I, J, H, D), q.dtype, q.device)
@@ -241,7 +245,8 @@ def forward(q, k, v, bias, key_bias, sigmoid: bool, scale: float, residuals: boo
             q if gate is None else gate,
             *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *o.stride(), B, I, J, H, scale)
     flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, STORE_LSE=store_lse, FAST_EXP=fast_exp,
-                 DOT_PREC=dot_precision(q.dtype), BLOCK_D=D, GATED=gate is not None, HAS_KEY_END=key_end is not None)
+                 DOT_PREC=dot_precision(q.dtype), BLOCK_D=D, GATED=gate is not None, HAS_KEY_END=key_end is not None,
+                 MASK_QUERIES=mask_queries)
     fixed = triton.Config({"BLOCK_J": config.fwd_block_j, "BLOCK_K": config.fwd_block_k},
                           num_warps=config.fwd_warps, num_stages=config.fwd_stages)
     _launch_tuned("fwd", K._fwd, _fwd_configs(D), fixed, lambda meta: (B * I * H * cdiv(J, meta["BLOCK_J"]),),
@@ -258,8 +263,9 @@ def _check_gate(gate, q) -> None:
 
 
 def backward(do, q, k, v, bias, key_bias, o, lse, sigmoid: bool, scale: float, split_ds: bool, fast_exp: bool,
-             gate=None, grads=None):
+             gate=None, grads=None, mask_queries: bool = False):
     """dq, dk, dv [B, I, J, H, D] and dbias [B, H, J, K] (in the bias's dtype): _bwd_dq, _bwd_dbias, _bwd_dkdv.
+    ``mask_queries`` as the forward's: masked queries (o = 0 there) add nothing, their dq is 0.
 
     Given the gate g (the forward's ``gate``), o is the gated output and do its gradient; dg is written too, so
     ``grads`` must then hold the four outputs (dq, dk, dv, dg), views of one buffer with dq's strides alike (the
@@ -286,15 +292,16 @@ def backward(do, q, k, v, bias, key_bias, o, lse, sigmoid: bool, scale: float, s
         delta0 = allocate((B, H, I, J), torch.float32, device) if not sigmoid else delta
         block_j = 32 if interpreting() else 64
         launch(K._gate_bwd, (B * I * H * cdiv(J, block_j),),
-            do, o, gate, grads[3], do_attn, delta0, *do.stride(), *o.stride(), *gate.stride(), *grads[3].stride(),
-            I, J, H, SIGMOID=sigmoid, BLOCK_J=block_j, BLOCK_D=D, num_warps=4)
+            do, o, gate, grads[3], do_attn, delta0, ke_arg, *do.stride(), *o.stride(), *gate.stride(),
+            *grads[3].stride(), I, J, H, SIGMOID=sigmoid, BLOCK_J=block_j, BLOCK_D=D,
+            HAS_KEY_END=key_end is not None, MASK_QUERIES=mask_queries, num_warps=4)
     dq_args = (q, k, v, bias, kb_arg, ke_arg, do_attn, o, lse, delta, dq, delta0,
                *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *kb_strides, *do_attn.stride(), *o.stride(),
                *dq.stride(), B, I, J, H, scale)
     dq_fixed = triton.Config({"BLOCK_J": config.dq_block_j, "BLOCK_K": config.dq_block_k, "ROWS": config.dq_rows},
                              num_warps=config.dq_warps, num_stages=config.dq_stages)
     flags = dict(HAS_KEY_BIAS=key_bias is not None, SIGMOID=sigmoid, DOT_PREC=dot_precision(q.dtype), BLOCK_D=D,
-                 FAST_EXP=fast_exp, HAS_KEY_END=key_end is not None)
+                 FAST_EXP=fast_exp, HAS_KEY_END=key_end is not None, MASK_QUERIES=mask_queries)
     _launch_tuned("dq", K._bwd_dq, _dq_configs(D), dq_fixed,
                   lambda meta: (B * cdiv(I, meta["ROWS"]) * H * cdiv(J, meta["BLOCK_J"]),), dq_args,
                   _bucket(J), dict(flags, SPLIT_DS=split_ds, GATED=gate is not None), ("SPLIT_DS", "GATED"))

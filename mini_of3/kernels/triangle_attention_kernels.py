@@ -7,8 +7,12 @@ lse (base 2) and delta are [B, H, I, J] float32. The key term comes from KEY_BIA
 keys plus beta_i / scale). KEY_END [B, I] int32 (HAS_KEY_END) is one past the last valid key of each row: key tiles
 past it hold only masked keys, which add exactly zero to every sum, so the loops stop there (a padded entry's rows
 cost its real keys; a row with no valid key runs no key tile at all); the dbias kernel, whose loop runs over rows,
-takes the same bounds per batch element. J_BUCKET (the next power of two of J) is unused
-by the kernels: it is the autotuning key.
+takes the same bounds per batch element. MASK_QUERIES: the row's mask holds for its queries too (query j of row i
+is masked exactly when key j is: the model's pair mask token_i & token_k); a masked query's output is 0 and its lse
++inf (as a row with no valid key), so the backward's p is 0 there and it adds nothing to any gradient (sigmoid, which
+keeps no lse, reads its dO as 0 instead); query tiles from KEY_END on hold only masked queries and run no key loop,
+and the dK/dV loop over query tiles and the dbias loop over rows stop there too. J_BUCKET (the next power of two of
+J) is unused by the kernels: it is the autotuning key.
 
 The default path, in launch order (triangle_attention_host.py):
     _fwd         grid: one program per (query tile, head, row i, batch), query tile fastest.
@@ -65,6 +69,44 @@ def _key_end(KEY_END, b64, i, I, J, HAS_KEY_END: tl.constexpr):
         return tl.load(KEY_END + b64 * I + i)
     else:
         return J
+
+
+@triton.jit
+def _key_loop_end(key_end, j0, MASK_QUERIES: tl.constexpr):
+    """The end of the key loop of a query tile starting at j0: the row's key end, or (MASK_QUERIES) 0 when the tile
+    starts at or past it, all its queries masked."""
+    if MASK_QUERIES:
+        return tl.where(j0 < key_end, key_end, 0)
+    else:
+        return key_end
+
+
+@triton.jit
+def _query_end(key_end, J, MASK_QUERIES: tl.constexpr):
+    """One past the last query of a row whose rows of q, dO, o, g are read (MASK_QUERIES: the queries from the row's
+    key end on are masked, read as 0 and never from memory; else J)."""
+    if MASK_QUERIES:
+        return key_end
+    else:
+        return J
+
+
+@triton.jit
+def _query_valid(KEY_BIAS, m_base, offs_j, sm_k, J, HAS_KEY_BIAS: tl.constexpr):
+    """Whether each query j [BJ] of a row is unmasked (MASK_QUERIES): its key term is not -inf (holes included)."""
+    return _key_mask(KEY_BIAS, m_base, offs_j, sm_k, J, HAS_KEY_BIAS) > float("-inf")
+
+
+@triton.jit
+def _load_dout(do_row, offs_j, offs_d, sd_j, sd_d, J, KEY_BIAS, m_base, sm_k, HAS_KEY_BIAS: tl.constexpr,
+               ZERO_MASKED: tl.constexpr):
+    """dO [BJ, D] of one query tile; ZERO_MASKED (sigmoid under MASK_QUERIES: no lse marks the masked queries) reads
+    0 at masked queries, whose output is the constant 0, so that dP, dS and their terms of dV are 0 there."""
+    if ZERO_MASKED:
+        keep = _query_valid(KEY_BIAS, m_base, offs_j, sm_k, J, HAS_KEY_BIAS)            # False past J too
+        return tl.load(do_row + offs_j[:, None] * sd_j + offs_d[None, :] * sd_d, mask=keep[:, None], other=0.0)
+    else:
+        return _load_tile(do_row, offs_j, offs_d, sd_j, sd_d, J)
 
 
 @triton.jit
@@ -158,10 +200,11 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, KEY_END, O, LSE, G,
          B, I, J, H, scale, J_BUCKET,
          HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, STORE_LSE: tl.constexpr, FAST_EXP: tl.constexpr,
          DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-         GATED: tl.constexpr = False, HAS_KEY_END: tl.constexpr = False):
+         GATED: tl.constexpr = False, HAS_KEY_END: tl.constexpr = False, MASK_QUERIES: tl.constexpr = False):
     """o of one query tile of one row: online softmax in base 2 (the score t * scale2 applied inside the exponent's
     FMA), or for sigmoid o = sum_k sigmoid(t) v; for a backward (STORE_LSE) also the base-2 log-sum-exp. GATED
-    stores sigmoid(g) * o instead (AF3 SI Alg 14 line 6), g [B, I, J, H, D] with q's strides (one projection)."""
+    stores sigmoid(g) * o instead (AF3 SI Alg 14 line 6), g [B, I, J, H, D] with q's strides (one projection).
+    MASK_QUERIES: masked queries get o = 0 and lse = +inf; a tile past the row's last valid key runs no key tile."""
     jb, h, i, b64 = _query_tile_program(J, H, I, BLOCK_J)
     offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
     offs_d = tl.arange(0, BLOCK_D)
@@ -170,7 +213,9 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, KEY_END, O, LSE, G,
     v_row = V + b64 * sv_b + i * sv_i + h * sv_h
     bias_rows = BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j
     m_base = b64 * sm_b + i * sm_i
-    q = _load_tile(Q + b64 * sq_b + i * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)     # [BJ, D]
+    key_end = _key_end(KEY_END, b64, i, I, J, HAS_KEY_END)
+    q_end = _query_end(key_end, J, MASK_QUERIES)
+    q = _load_tile(Q + b64 * sq_b + i * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, q_end)  # [BJ, D]
     scale2 = _base2(scale)
     m_run = tl.full([BLOCK_J], float("-inf"), dtype=tl.float32)
     l_run = tl.zeros([BLOCK_J], dtype=tl.float32)
@@ -178,7 +223,7 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, KEY_END, O, LSE, G,
     # small loads (the key mask here, row statistics in the backward) are issued one iteration ahead by hand: the
     # software pipeliner leaves them on the critical path
     mask_next = _key_mask(KEY_BIAS, m_base, offs_kt, sm_k, J, HAS_KEY_BIAS)
-    for k0 in range(0, _key_end(KEY_END, b64, i, I, J, HAS_KEY_END), BLOCK_K):
+    for k0 in range(0, _key_loop_end(key_end, jb * BLOCK_J, MASK_QUERIES), BLOCK_K):
         offs_k = k0 + offs_kt
         bias_t = _bias_tile(bias_rows, offs_j, offs_k, sb_k, J, scale)                          # [BJ, BK]
         key_mask = mask_next                                                                    # [BK]
@@ -198,8 +243,13 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, KEY_END, O, LSE, G,
     if not SIGMOID:
         has_key = l_run > 0.0
         acc = acc / tl.where(has_key, l_run, 1.0)[:, None]
+    if MASK_QUERIES:
+        valid = _query_valid(KEY_BIAS, m_base, offs_j, sm_k, J, HAS_KEY_BIAS)
+        acc = tl.where(valid[:, None], acc, 0.0)
+        if not SIGMOID:
+            has_key = has_key & valid
     if GATED:
-        g = _load_tile(G + b64 * sq_b + i * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)      # [BJ, D]
+        g = _load_tile(G + b64 * sq_b + i * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, q_end)  # [BJ, D]
         acc = acc * tl.sigmoid(g.to(tl.float32))
     o_ptrs = O + b64 * so_b + i * so_i + h * so_h + offs_j[:, None] * so_j + offs_d[None, :] * so_d
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=offs_j[:, None] < J)
@@ -213,19 +263,23 @@ def _fwd(Q, K, V, BIAS, KEY_BIAS, KEY_END, O, LSE, G,
 
 
 @triton.jit
-def _gate_bwd(DOUT, OUT, G, DG, DO, DELTA0,
+def _gate_bwd(DOUT, OUT, G, DG, DO, DELTA0, KEY_END,
               sd_b, sd_i, sd_j, sd_h, sd_d, so_b, so_i, so_j, so_h, so_d, sq_b, sq_i, sq_j, sq_h, sq_d,
               sg_b, sg_i, sg_j, sg_h, sg_d, I, J, H,
-              SIGMOID: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr):
+              SIGMOID: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr, HAS_KEY_END: tl.constexpr = False,
+              MASK_QUERIES: tl.constexpr = False):
     """The gate's backward (out = sigmoid(g) o): dg = dout out (1 - sigmoid(g)) (dq's strides), the attention's
-    dO = dout sigmoid(g) (o's strides) and, for softmax, delta0 = rowsum(dO o) = rowsum(dout out) [B, H, I, J]."""
+    dO = dout sigmoid(g) (o's strides) and, for softmax, delta0 = rowsum(dO o) = rowsum(dout out) [B, H, I, J].
+    MASK_QUERIES: the queries from the row's key end on (masked, out = 0) are not read; they get 0 everywhere."""
     jb, h, i, b64 = _query_tile_program(J, H, I, BLOCK_J)
     offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
     offs_d = tl.arange(0, BLOCK_D)
-    dout = _load_tile(DOUT + b64 * sd_b + i * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J).to(tl.float32)
+    q_end = _query_end(_key_end(KEY_END, b64, i, I, J, HAS_KEY_END), J, MASK_QUERIES)
+    dout = _load_tile(DOUT + b64 * sd_b + i * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, q_end).to(tl.float32)
     o_base = b64 * so_b + i * so_i + h * so_h
-    out = _load_tile(OUT + o_base, offs_j, offs_d, so_j, so_d, J).to(tl.float32)
-    gate = tl.sigmoid(_load_tile(G + b64 * sq_b + i * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J).to(tl.float32))
+    out = _load_tile(OUT + o_base, offs_j, offs_d, so_j, so_d, q_end).to(tl.float32)
+    gate = tl.sigmoid(_load_tile(G + b64 * sq_b + i * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d,
+                                 q_end).to(tl.float32))
     inside = offs_j[:, None] < J
     tl.store(DO + o_base + offs_j[:, None] * so_j + offs_d[None, :] * so_d, (dout * gate).to(DO.dtype.element_ty),
              mask=inside)
@@ -237,13 +291,16 @@ def _gate_bwd(DOUT, OUT, G, DG, DO, DELTA0,
 
 
 @triton.jit
-def _dq_row_start(Q, DO, O, LSE, DELTA0, q_base, do_base, o_base, row_base, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d,
-                  so_j, so_d, J, SIGMOID: tl.constexpr, GATED: tl.constexpr):
+def _dq_row_start(Q, DO, O, LSE, DELTA0, KEY_BIAS, q_base, do_base, o_base, row_base, m_base, offs_j, offs_d, sq_j,
+                  sq_d, sd_j, sd_d, so_j, so_d, sm_k, J, q_end, SIGMOID: tl.constexpr, GATED: tl.constexpr,
+                  HAS_KEY_BIAS: tl.constexpr, MASK_QUERIES: tl.constexpr):
     """q, dO [BJ, D] and lse, delta0 [BJ] of one row; delta0 = rowsum(dO * o) from the rounded output o (softmax;
     sigmoid needs neither statistic), or (GATED) as _gate_bwd left it in DELTA0 (a buffer of its own: an autotuning
-    run, which repeats the kernel, must not read the delta a previous run wrote)."""
-    q = _load_tile(Q + q_base, offs_j, offs_d, sq_j, sq_d, J)                              # [BJ, D]
-    do = _load_tile(DO + do_base, offs_j, offs_d, sd_j, sd_d, J)                           # [BJ, D]
+    run, which repeats the kernel, must not read the delta a previous run wrote). q, dO, o are read up to q_end
+    (MASK_QUERIES: the row's key end; 0 past it). MASK_QUERIES: a masked query's o is 0, so its delta0 is too."""
+    q = _load_tile(Q + q_base, offs_j, offs_d, sq_j, sq_d, q_end)                          # [BJ, D]
+    do = _load_dout(DO + do_base, offs_j, offs_d, sd_j, sd_d, q_end, KEY_BIAS, m_base, sm_k, HAS_KEY_BIAS,
+                    MASK_QUERIES and SIGMOID)                                              # [BJ, D]
     if SIGMOID:
         lse = tl.zeros(offs_j.shape, dtype=tl.float32)
         delta = lse
@@ -252,7 +309,7 @@ def _dq_row_start(Q, DO, O, LSE, DELTA0, q_base, do_base, o_base, row_base, offs
         if GATED:
             delta = tl.load(DELTA0 + row_base + offs_j, mask=offs_j < J, other=0.0)
         else:
-            o = _load_tile(O + o_base, offs_j, offs_d, so_j, so_d, J)                      # [BJ, D]
+            o = _load_tile(O + o_base, offs_j, offs_d, so_j, so_d, q_end)                  # [BJ, D]
             delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)                        # delta0 [BJ]
     return q, do, lse, delta
 
@@ -296,7 +353,8 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, KEY_END, DO, O, LSE, DELTA, DQ, DELTA0,
             B, I, J, H, scale, J_BUCKET,
             HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr, FAST_EXP: tl.constexpr,
             DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-            ROWS: tl.constexpr = 1, GATED: tl.constexpr = False, HAS_KEY_END: tl.constexpr = False):
+            ROWS: tl.constexpr = 1, GATED: tl.constexpr = False, HAS_KEY_END: tl.constexpr = False,
+            MASK_QUERIES: tl.constexpr = False):
     """dQ, one program per (query tile, head, ROWS rows, batch) as the forward: a loop over key tiles recomputes p
     and dS = p (dP - delta) and accumulates dQ = dS k in registers. ROWS = 2 rows share each bias tile load; a
     second row past the end (odd I) is computed on row I - 1 and not stored.
@@ -308,7 +366,9 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, KEY_END, DO, O, LSE, DELTA, DQ, DELTA0,
     and the correction is exact to the product of two small errors (delta - delta0 ~ 2^-9 delta, pk's rounding of p
     ~ 2^-9): the output's rounding residual need not be stored (TurboPairFormer compensates it as well).
 
-    GATED: dO is the attention's own and delta0 is read from DELTA0, both from _gate_bwd."""
+    GATED: dO is the attention's own and delta0 is read from DELTA0, both from _gate_bwd. MASK_QUERIES: a masked
+    query's p is 0 (lse +inf; sigmoid: its dO read as 0), so its dq and delta come out 0; a tile past its rows' last
+    valid keys runs no key tile and stores those zeros."""
     jb, h, i0, b64 = _query_tile_program(J, H, I, BLOCK_J, ROWS)
     i1 = tl.minimum(i0 + 1, I - 1)
     offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
@@ -319,28 +379,33 @@ def _bwd_dq(Q, K, V, BIAS, KEY_BIAS, KEY_END, DO, O, LSE, DELTA, DQ, DELTA0,
     bias_base = BIAS + b64 * sb_b + h * sb_h + offs_j[:, None] * sb_j
     row_base = (b64 * H + h) * I * J                                 # + i * J: into LSE, DELTA [B, H, I, J]
     scale2 = _base2(scale)
-    q0, do0, lse0, delta0 = _dq_row_start(Q, DO, O, LSE, DELTA0, b64 * sq_b + i0 * sq_i + h * sq_h,
+    key_end0 = _key_end(KEY_END, b64, i0, I, J, HAS_KEY_END)
+    q0, do0, lse0, delta0 = _dq_row_start(Q, DO, O, LSE, DELTA0, KEY_BIAS, b64 * sq_b + i0 * sq_i + h * sq_h,
                                           b64 * sd_b + i0 * sd_i + h * sd_h, b64 * so_b + i0 * so_i + h * so_h,
-                                          row_base + i0 * J, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d, so_j, so_d, J,
-                                          SIGMOID, GATED)
+                                          row_base + i0 * J, b64 * sm_b + i0 * sm_i, offs_j, offs_d, sq_j, sq_d,
+                                          sd_j, sd_d, so_j, so_d, sm_k, J, _query_end(key_end0, J, MASK_QUERIES),
+                                          SIGMOID, GATED, HAS_KEY_BIAS, MASK_QUERIES)
     dq0 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
     p_dp0 = tl.zeros([BLOCK_J], dtype=tl.float32)
     p_sum0 = tl.zeros([BLOCK_J], dtype=tl.float32)
     pk0 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
     mask_next0 = _key_mask(KEY_BIAS, b64 * sm_b + i0 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
     if ROWS == 2:
-        q1, do1, lse1, delta1 = _dq_row_start(Q, DO, O, LSE, DELTA0, b64 * sq_b + i1 * sq_i + h * sq_h,
+        key_end1 = _key_end(KEY_END, b64, i1, I, J, HAS_KEY_END)
+        q1, do1, lse1, delta1 = _dq_row_start(Q, DO, O, LSE, DELTA0, KEY_BIAS, b64 * sq_b + i1 * sq_i + h * sq_h,
                                               b64 * sd_b + i1 * sd_i + h * sd_h, b64 * so_b + i1 * so_i + h * so_h,
-                                              row_base + i1 * J, offs_j, offs_d, sq_j, sq_d, sd_j, sd_d, so_j,
-                                              so_d, J, SIGMOID, GATED)
+                                              row_base + i1 * J, b64 * sm_b + i1 * sm_i, offs_j, offs_d, sq_j, sq_d,
+                                              sd_j, sd_d, so_j, so_d, sm_k, J,
+                                              _query_end(key_end1, J, MASK_QUERIES), SIGMOID, GATED, HAS_KEY_BIAS,
+                                              MASK_QUERIES)
         dq1 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
         p_dp1 = tl.zeros([BLOCK_J], dtype=tl.float32)
         p_sum1 = tl.zeros([BLOCK_J], dtype=tl.float32)
         pk1 = tl.zeros([BLOCK_J, BLOCK_D], dtype=tl.float32)
         mask_next1 = _key_mask(KEY_BIAS, b64 * sm_b + i1 * sm_i, offs_kt, sm_k, J, HAS_KEY_BIAS)
-    key_end = _key_end(KEY_END, b64, i0, I, J, HAS_KEY_END)
+    key_end = _key_loop_end(key_end0, jb * BLOCK_J, MASK_QUERIES)
     if ROWS == 2:
-        key_end = tl.maximum(key_end, _key_end(KEY_END, b64, i1, I, J, HAS_KEY_END))
+        key_end = tl.maximum(key_end, _key_loop_end(key_end1, jb * BLOCK_J, MASK_QUERIES))
     for k0 in range(0, key_end, BLOCK_K):
         offs_k = k0 + offs_kt
         bias_t = _bias_tile(bias_base, offs_j, offs_k, sb_k, J, scale)                         # [BJ, BK]
@@ -381,13 +446,15 @@ def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, BOUNDS, DO, LSE, DELTA, DBIAS,
                so_c, so_b, so_h, so_j, so_k,
                B, I, J, H, scale, rows_per_chunk, J_BUCKET,
                HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr,
-               BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HAS_KEY_END: tl.constexpr = False):
+               BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HAS_KEY_END: tl.constexpr = False,
+               MASK_QUERIES: tl.constexpr = False):
     """dbias of one (query tile, key tile) summed over the rows i of one chunk, in order: the bias tile stays in
     registers. Program order: key tile fastest, then query tile, head, batch, and the chunk of rows slowest, so that
     the programs in flight walk the same rows i together and read each row's q, k, v, dO from HBM once. BOUNDS [B, 2]
     int32 (HAS_KEY_END): one past the last row with a valid key and one past the last valid key of any row of the
     batch element; rows and key tiles past them add zeros and are not visited (the loop's bounds, not a branch in its
-    body, so that the loads in it stay pipelined)."""
+    body, so that the loads in it stay pipelined). MASK_QUERIES: so are query tiles past every row's last valid key
+    (masked queries only); inside a tile a masked query's dS is 0 (p = 0, or for sigmoid dO = 0)."""
     pid = tl.program_id(0)
     n_kb = tl.cdiv(J, BLOCK_K)
     n_jb = tl.cdiv(J, BLOCK_J)
@@ -407,8 +474,11 @@ def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, BOUNDS, DO, LSE, DELTA, DBIAS,
     i_start = c * rows_per_chunk
     i_end = tl.minimum(i_start + rows_per_chunk, I)
     if HAS_KEY_END:
+        key_bound = tl.load(BOUNDS + b64 * 2 + 1)
         i_end = tl.minimum(i_end, tl.load(BOUNDS + b64 * 2))
-        i_end = tl.where(kb * BLOCK_K < tl.load(BOUNDS + b64 * 2 + 1), i_end, i_start)
+        i_end = tl.where(kb * BLOCK_K < key_bound, i_end, i_start)
+        if MASK_QUERIES:
+            i_end = tl.where(jb * BLOCK_J < key_bound, i_end, i_start)
     # the key mask and row statistics of row i + 1 are loaded while row i is computed (by hand; see _fwd)
     key_mask_next, lse_next, delta_next = _dbias_row_vectors(KEY_BIAS, LSE, DELTA, b64, h, i_start, I, J, H, sm_b,
                                                              sm_i, sm_k, offs_j, offs_k, in_j, HAS_KEY_BIAS, SIGMOID)
@@ -419,7 +489,8 @@ def _bwd_dbias(Q, K, V, BIAS, KEY_BIAS, BOUNDS, DO, LSE, DELTA, DBIAS,
                                                                  sm_b, sm_i, sm_k, offs_j, offs_k, in_j,
                                                                  HAS_KEY_BIAS, SIGMOID)
         q = _load_tile(Q + b64 * sq_b + i64 * sq_i + h * sq_h, offs_j, offs_d, sq_j, sq_d, J)
-        do = _load_tile(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J)
+        do = _load_dout(DO + b64 * sd_b + i64 * sd_i + h * sd_h, offs_j, offs_d, sd_j, sd_d, J, KEY_BIAS,
+                        b64 * sm_b + i64 * sm_i, sm_k, HAS_KEY_BIAS, MASK_QUERIES and SIGMOID)
         k, v, t = _key_tile_scores(q, K + b64 * sk_b + i64 * sk_i + h * sk_h, V + b64 * sv_b + i64 * sv_i + h * sv_h,
                                    bias_t, key_mask, offs_k, offs_d, sk_j, sk_d, sv_j, sv_d, J, DOT_PREC)
         dp = dot(do, tl.trans(v), DOT_PREC)
@@ -463,11 +534,14 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, KEY_END, DO, LSE, DELTA, DK, DV,
               B, I, J, H, scale, J_BUCKET,
               HAS_KEY_BIAS: tl.constexpr, SIGMOID: tl.constexpr, SPLIT_DS: tl.constexpr,
               FAST_EXP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
-              BLOCK_D: tl.constexpr, PREFETCH: tl.constexpr = 0, HAS_KEY_END: tl.constexpr = False):
+              BLOCK_D: tl.constexpr, PREFETCH: tl.constexpr = 0, HAS_KEY_END: tl.constexpr = False,
+              MASK_QUERIES: tl.constexpr = False):
     """dK and dV: a persistent grid whose programs take the rows (b, i, h) pid, pid + programs, ... in turn; for each
     key tile a loop over query tiles accumulates dK, dV in registers. PREFETCH 1: the next query tile's q and dO are
     loaded one step ahead, as the row statistics are (with one pipeline stage they are otherwise loaded at the top
-    of each step, on the critical path); 2: its bias tile too."""
+    of each step, on the critical path); 2: its bias tile too. MASK_QUERIES: the loop over query tiles stops at the
+    row's last valid key (the queries past it are masked); inside, a masked query adds 0 (p = 0, or for sigmoid
+    dO = 0)."""
     for item in range(tl.program_id(0), B * I * H, tl.num_programs(0)):
         h = item % H
         i = ((item // H) % I).to(tl.int64)
@@ -486,12 +560,16 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, KEY_END, DO, LSE, DELTA, DK, DV,
 
         mask_next = _key_mask(KEY_BIAS, m_base, offs_kt, sm_k, J, HAS_KEY_BIAS)
         key_end = _key_end(KEY_END, b64, i, I, J, HAS_KEY_END)
+        # MASK_QUERIES: the row's queries end where its keys do; k, v and the first query tile are read up to there
+        # only (a padded row reads nothing). Inside the loop q and dO are read up to J (bounding them there too
+        # spills registers), the masked queries of the last tile adding 0 (p = 0, or dO read as 0)
+        row_end = _query_end(key_end, J, MASK_QUERIES)
         for k0 in range(0, J, BLOCK_K):
             offs_k = k0 + offs_kt
             key_mask = mask_next                                                                    # [BK]
             mask_next = _key_mask(KEY_BIAS, m_base, offs_k + BLOCK_K, sm_k, J, HAS_KEY_BIAS)
-            k = _load_tile(k_row, offs_k, offs_d, sk_j, sk_d, J)                                    # [BK, D]
-            v = _load_tile(v_row, offs_k, offs_d, sv_j, sv_d, J)                                    # [BK, D]
+            k = _load_tile(k_row, offs_k, offs_d, sk_j, sk_d, row_end)                              # [BK, D]
+            v = _load_tile(v_row, offs_k, offs_d, sv_j, sv_d, row_end)                              # [BK, D]
             dk = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
             dv = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
             lse_next, delta_next = _row_stats(LSE, DELTA, row_base, offs_jt, offs_jt < J, SIGMOID)
@@ -499,10 +577,11 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, KEY_END, DO, LSE, DELTA, DK, DV,
             if PREFETCH == 2:
                 bias_next = _bias_tile(bias_rows, offs_k, offs_jt, sb_j, J, scale)
             if PREFETCH >= 1:
-                q_next = _load_tile(q_row, offs_jt, offs_d, sq_j, sq_d, J)                           # [BJ, D]
-                do_next = _load_tile(do_row, offs_jt, offs_d, sd_j, sd_d, J)                         # [BJ, D]
+                q_next = _load_tile(q_row, offs_jt, offs_d, sq_j, sq_d, row_end)                     # [BJ, D]
+                do_next = _load_dout(do_row, offs_jt, offs_d, sd_j, sd_d, row_end, KEY_BIAS, m_base, sm_k,
+                                     HAS_KEY_BIAS, MASK_QUERIES and SIGMOID)                        # [BJ, D]
             # a key tile past the row's last valid key: dK = dV = 0, no query tile to visit
-            for j0 in range(0, tl.where(k0 < key_end, J, 0), BLOCK_J):
+            for j0 in range(0, tl.where(k0 < key_end, row_end, 0), BLOCK_J):
                 offs_j = j0 + offs_jt
                 # the row statistics of the next query tile are loaded one step ahead (as the key mask)
                 lse, delta = lse_next, delta_next
@@ -516,10 +595,12 @@ def _bwd_dkdv(Q, K, V, BIAS, KEY_BIAS, KEY_END, DO, LSE, DELTA, DK, DV,
                 if PREFETCH >= 1:
                     q, do = q_next, do_next
                     q_next = _load_tile(q_row, offs_j + BLOCK_J, offs_d, sq_j, sq_d, J)
-                    do_next = _load_tile(do_row, offs_j + BLOCK_J, offs_d, sd_j, sd_d, J)
+                    do_next = _load_dout(do_row, offs_j + BLOCK_J, offs_d, sd_j, sd_d, J, KEY_BIAS, m_base,
+                                         sm_k, HAS_KEY_BIAS, MASK_QUERIES and SIGMOID)
                 else:
                     q = _load_tile(q_row, offs_j, offs_d, sq_j, sq_d, J)                             # [BJ, D]
-                    do = _load_tile(do_row, offs_j, offs_d, sd_j, sd_d, J)                           # [BJ, D]
+                    do = _load_dout(do_row, offs_j, offs_d, sd_j, sd_d, J, KEY_BIAS, m_base, sm_k,
+                                    HAS_KEY_BIAS, MASK_QUERIES and SIGMOID)                         # [BJ, D]
                 dk, dv = _kv_tile_step(k, v, dk, dv, q, do, bias_t, key_mask, lse, delta, scale2,
                                        SIGMOID, SPLIT_DS, FAST_EXP, DOT_PREC)
             g_ptrs = b64 * sg_b + h * sg_h + i * sg_i + offs_k[:, None] * sg_j + offs_d[None, :] * sg_d

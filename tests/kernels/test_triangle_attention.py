@@ -193,12 +193,13 @@ def test_torch_backend_is_the_reference_in_the_input_dtype():
         assert g.dtype == torch.float32 and rel_err(g, r) < 1e-5
 
 
-def test_compiles_as_an_opaque_op():
+@pytest.mark.parametrize("mask_queries", [False, True])
+def test_compiles_as_an_opaque_op(mask_queries):
     """torch.compile traces around the custom op (fake implementation), forward and backward, with no graph break."""
     q, k, v, bias, mask, do = make_inputs(1, 2, 16, 1, 16, torch.float32, masked=True, transposed=False)
 
     def layer(q, k, v, bias, mask):
-        return triangle_attention(q * 1.0, k, v, bias, mask, backend="triton") * 2.0
+        return triangle_attention(q * 1.0, k, v, bias, mask, backend="triton", mask_queries=mask_queries) * 2.0
 
     compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
     got = run(compiled, q, k, v, bias, mask, do)
@@ -278,13 +279,13 @@ def test_a_tile_override_fixes_the_tiles(monkeypatch):
     assert module._autotune_enabled() and module.tiles(32) == TriAttnTiles()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_opcheck_forward_op(dtype):
+@pytest.mark.parametrize("dtype,mask_queries", [(torch.float32, False), (torch.bfloat16, True)])
+def test_opcheck_forward_op(dtype, mask_queries):
     from mini_of3.kernels.triangle_attention import _fwd_op
     q, k, v, bias, mask, _ = make_inputs(1, 2, 16, 1, 16, dtype, masked=True, transposed=False)
     q, k, v, bias = (t.requires_grad_(True) for t in (q, k, v, bias))
     key_bias = torch.where(mask, 0.0, float("-inf"))
-    torch.library.opcheck(_fwd_op, (q, k, v, bias, key_bias, False, 0.25, True, True, False),
+    torch.library.opcheck(_fwd_op, (q, k, v, bias, key_bias, False, 0.25, True, True, False, mask_queries),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
@@ -299,6 +300,7 @@ def test_opcheck_forward_op(dtype):
     (dict(activation="relu"), ValueError),
     (dict(sigmoid_bias=1.0), ValueError),                                   # sigmoid_bias with softmax
     (dict(backend="cuda"), ValueError),
+    (dict(mask_queries="yes"), TypeError),
 ])
 def test_clear_errors(change, error):
     args = dict(q=torch.zeros(1, 2, 3, 1, 16), k=torch.zeros(1, 2, 3, 1, 16), v=torch.zeros(1, 2, 3, 1, 16),
@@ -436,12 +438,87 @@ def test_gated_opcheck_and_errors():
     from mini_of3.kernels.triangle_attention import _gated_fwd_op
     qkvg, bias, mask, _ = make_packed(1, 2, 16, 1, 16, torch.float32, masked=True, transposed=False)
     qkvg, bias = qkvg.requires_grad_(True), bias.requires_grad_(True)
-    torch.library.opcheck(_gated_fwd_op, (qkvg, bias, mask, False, 0.25, True, True, False),
+    torch.library.opcheck(_gated_fwd_op, (qkvg, bias, mask, False, 0.25, True, True, False, True),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
     with pytest.raises(ValueError, match="4, H, D"):
         gated_triangle_attention(qkvg[:, :, :, :3], bias, mask)
     with pytest.raises(ValueError, match="bias"):
         gated_triangle_attention(qkvg, bias[:, :, :5], mask)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# mask_queries: the mask holds for the queries too (the model's pair mask token_i & token_k); a masked query gives 0
+# and no gradient, and the kernels skip the query tiles past each row's last valid key
+
+
+def query_masks(B, I, N, kind, seed=0):
+    """[B, I, K] masks: "prefix", rows of padded entries as under data.pad_to_crop (the first N // 3 or N - 7 tokens
+    valid, per batch element; the last row a padded token's, no valid key), or "holes", random with a row of no
+    valid key."""
+    if kind == "prefix":
+        valid = torch.tensor([N // 3, N - 7])[:B]
+        mask = (torch.arange(N)[None, None, :] < valid[:, None, None]).expand(B, I, N).clone()
+        mask[:, -1] = False
+    else:
+        mask = torch.rand(B, I, N, generator=torch.Generator().manual_seed(seed)) > 0.35
+        mask[:, 0] = False
+    return mask.to(DEVICE)
+
+
+TILES_16 = dict(fwd_block_j=16, fwd_block_k=16, dq_block_j=16, dq_block_k=16, dq_rows=1, dbias_block_j=16,
+                dbias_block_k=32, dkdv_block_j=16, dkdv_block_k=16, dkdv_prefetch=2)
+
+
+@pytest.mark.parametrize("B,I,N,H,D,dtype,activation,gated,kind,transposed,tiles", [
+    (1, 3, 37, 1, 16, torch.float32, "softmax", False, "prefix", True, {}),
+    (2, 3, 50, 2, 32, torch.bfloat16, "sigmoid", False, "holes", False, {}),
+    (1, 3, 37, 2, 32, torch.float32, "softmax", True, "holes", False, {}),
+    (2, 2, 50, 1, 16, torch.float32, "sigmoid", True, "prefix", True, TILES_16),
+])
+def test_mask_queries_matches_float64_reference(B, I, N, H, D, dtype, activation, gated, kind, transposed, tiles):
+    """mask_queries=True: output and every gradient against the float64 reference (the outputs poisoned); masked
+    queries' outputs and dq exactly 0 (and dk, dv, dg: they are masked keys too), dbias exactly 0 in the rows of
+    queries masked in every row. For padded entries (prefix masks) the skipped tiles change no bit: the same call
+    with the loops over every tile (skip_masked_keys off: no bounds, only the zeroing) gives the same results."""
+    mask = query_masks(B, I, N, kind, seed=N)
+    kw = dict(activation=activation, mask_queries=True)
+    if gated:
+        qkvg, bias, _, dout = make_packed(B, I, N, H, D, dtype, masked=False, transposed=transposed, seed=N + D)
+        call = functools.partial(run_gated, qkvg, bias, mask, dout)
+        ref = gated_reference(qkvg, bias, mask, dout, **kw)
+        names = ("out", "dqkvg", "dbias")
+    else:
+        q, k, v, bias, _, do = make_inputs(B, I, N, H, D, dtype, masked=False, transposed=transposed, seed=N + D)
+        call = functools.partial(run, triangle_attention, q, k, v, bias, mask, do)
+        ref = run(triangle_attention_ref, *(t.double() for t in (q, k, v, bias)), mask, do.double(), **kw)
+        names = ("o", "dq", "dk", "dv", "dbias")
+    with tri_attn_tiles(**tiles):
+        got = call(backend="triton", **kw)
+    for name, g, r in zip(names, got, ref):
+        assert torch.isfinite(g).all(), f"{name} has non-finite or unwritten elements"
+        assert rel_err(g, r) < TOLERANCE[dtype if name != "dbias" else torch.float32], (name, rel_err(g, r))
+    for name, g in zip(names[:-1], got[:-1]):
+        assert torch.count_nonzero(g[~mask]) == 0, f"{name} of a masked query is not zero"
+    never = ~mask.any(1)                                                  # [B, J]: queries masked in every row
+    assert never.any() and torch.count_nonzero(got[-1].transpose(1, 2)[never]) == 0, "dbias of masked queries"
+    if kind == "prefix":
+        with tri_attn_tiles(**tiles, skip_masked_keys=False):
+            every_tile = call(backend="triton", **kw)
+        for name, g, full in zip(names, got, every_tile):
+            assert torch.equal(g, full), f"{name}: skipping the padded tiles changed bits"
+
+
+def test_mask_queries_changes_nothing_without_a_mask_and_is_off_by_default():
+    """mask=None: mask_queries=True gives the same bits as False. With a mask, the default is False (every query
+    computed: a masked query's output is not zero) and equals mask_queries=False bitwise."""
+    q, k, v, bias, mask, do = make_inputs(1, 3, 19, 1, 16, torch.float32, masked=True, transposed=False)
+    unmasked = [run(triangle_attention, q, k, v, bias, None, do, backend="triton", mask_queries=flag)
+                for flag in (False, True)]
+    masked = [run(triangle_attention, q, k, v, bias, mask, do, backend="triton", **kw)
+              for kw in ({}, dict(mask_queries=False))]
+    for name, a, b, c, d in zip(("o", "dq", "dk", "dv", "dbias"), *unmasked, *masked):
+        assert torch.equal(a, b) and torch.equal(c, d), name
+    assert torch.count_nonzero(masked[0][0][0, 2][~mask[0, 2]]) > 0       # o of row 2's masked queries
 
 
 @pytest.mark.slow

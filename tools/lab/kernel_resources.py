@@ -10,6 +10,7 @@ the GPU machine's (3.6): use it to compare variants, and confirm on the GPU.
 
     python tools/lab/kernel_resources.py                 # the autotuning candidates of every kernel, D = 32
     python tools/lab/kernel_resources.py --head-dim 64 --maxnreg 168
+    python tools/lab/kernel_resources.py --mask-queries  # the key- and query-bounded loops (mask_queries=True)
     python tools/lab/kernel_resources.py --kernel transition   # tiles of the fused transition, C = 128, n = 4
 """
 from __future__ import annotations
@@ -88,10 +89,13 @@ def main() -> None:
     parser.add_argument("--maxnreg", type=int, default=None)
     parser.add_argument("--full-loops", action="store_true", help="the key loops over every key tile (no KEY_END "
                         "bound: skip_masked_keys off)")
+    parser.add_argument("--mask-queries", action="store_true", help="the kernels of mask_queries=True (MASK_QUERIES: "
+                        "query tiles past a row's last valid key skipped, masked queries zeroed)")
     args = parser.parse_args()
     d = args.head_dim
     common = dict(HAS_KEY_BIAS=True, SIGMOID=False, FAST_EXP=True, DOT_PREC="tf32", BLOCK_D=d,
-                  GATED=True, HAS_KEY_END=not args.full_loops)   # the model's gated attention, with a pair mask
+                  GATED=True, HAS_KEY_END=not args.full_loops,   # the model's gated attention, with a pair mask
+                  MASK_QUERIES=args.mask_queries)
     jobs = []   # the default backward: the forward (lse, p unsplit), dQ (exact delta), dK/dV, dbias
     if args.kernel in ("fwd", "all"):
         for c in _fwd_configs(d):
