@@ -2,10 +2,13 @@
 
 Every backend takes mini_of3's layout and mask convention and returns the same thing:
 
-    attend(q, k, v, bias, mask) -> o
+    attend(q, k, v, bias, mask, mask_queries=False) -> o
     q, k, v: [B, I, J, H, D] (any strides; the ending node passes transposed views)
     bias:    [B, H, J, K], shared by every row i
     mask:    [B, I, K] bool, True = attend (or None)
+    mask_queries: the mask holds for the queries too (the pair mask token_i & token_k): o is 0 at every query j of
+             row i where mask[b, i, j] is False, with every backend (our kernels skip that work; an anchor, which
+             computes every query, has its output zeroed there)
     o:       [B, I, J, H, D]
 
     tri_attn_backend(kernels) -> attend                 the choice's ``tri_attn_backend``
@@ -55,41 +58,51 @@ def _key_mask(q: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return torch.ones(B, I, J, dtype=torch.bool, device=q.device)
 
 
+def _zero_masked_queries(o: torch.Tensor, mask: torch.Tensor | None, mask_queries: bool) -> torch.Tensor:
+    """An anchor's o [B, I, J, H, D] with the masked queries' outputs set to 0 (``mask_queries``), as our kernels
+    give them: the anchors compute every query."""
+    if not mask_queries or mask is None:
+        return o
+    return o.masked_fill(~mask[:, :, :, None, None], 0.0)
+
+
 def _ours(kernels: KernelChoice) -> Attend:
     backend, activation, split_ds = kernels.tri_attn_backend, kernels.tri_attn_activation, kernels.tri_attn_split_ds
 
-    def attend(q, k, v, bias, mask):
+    def attend(q, k, v, bias, mask, mask_queries=False):
         kernel = "triton" if runs_kernel(backend, kernel_takes(q)) else "torch"
-        return triangle_attention(q, k, v, bias, mask, activation=activation, backend=kernel, split_ds=split_ds)
+        return triangle_attention(q, k, v, bias, mask, activation=activation, backend=kernel, split_ds=split_ds,
+                                  mask_queries=mask_queries)
     return attend
 
 
 def _trifast(fn) -> Attend:
-    def attend(q, k, v, bias, mask):
+    def attend(q, k, v, bias, mask, mask_queries=False):
         # trifast: q, k, v [B, H, I, J, D]; bias [B, H, J, K] in q's dtype; mask [B, I, K] with True = masked out
         qt, kt, vt = (x.permute(0, 3, 1, 2, 4) for x in (q, k, v))
         o = fn(qt, kt, vt, bias.to(q.dtype), ~_key_mask(q, mask))          # [B, H, I, J, D]
-        return o.permute(0, 2, 3, 1, 4)
+        return _zero_masked_queries(o.permute(0, 2, 3, 1, 4), mask, mask_queries)
     return attend
 
 
 def _cueq(fn) -> Attend:
-    def attend(q, k, v, bias, mask):
+    def attend(q, k, v, bias, mask, mask_queries=False):
         # cuEquivariance: q, k, v [B, I, H, J, D]; bias [B, 1, H, J, K] float32; mask [B, I, 1, 1, K], True = attend
         qt, kt, vt = (x.permute(0, 1, 3, 2, 4) for x in (q, k, v))
         o = fn(qt, kt, vt, bias[:, None].float(), mask=_key_mask(q, mask)[:, :, None, None, :])  # [B, I, H, J, D]
-        return o.permute(0, 1, 3, 2, 4)
+        return _zero_masked_queries(o.permute(0, 1, 3, 2, 4), mask, mask_queries)
     return attend
 
 
 def _of3_triton(fn) -> Attend:
-    def attend(q, k, v, bias, mask):
+    def attend(q, k, v, bias, mask, mask_queries=False):
         # OpenFold3 0.5's TritonEvoformer: q, k, v [B, I, J, H, D] ("[Batch, N_seq, N_res, Head, Dim]": our layout);
         # additive mask [B, I, 1, 1, K] and bias [B, 1, H, J, K], both in q's dtype
         # its kernel indexes q, k, v as if contiguous: views of one projection fault (illegal address, H200)
         q, k, v = (x.contiguous() for x in (q, k, v))
         additive = torch.where(_key_mask(q, mask), 0.0, -1e9).to(q.dtype)[:, :, None, None, :]
-        return fn(q, k, v, additive, bias[:, None].to(q.dtype))             # [B, I, J, H, D]
+        o = fn(q, k, v, additive, bias[:, None].to(q.dtype))                # [B, I, J, H, D]
+        return _zero_masked_queries(o, mask, mask_queries)
     return attend
 
 
@@ -112,16 +125,18 @@ def tri_attn_backend(kernels: KernelChoice) -> Attend:
 
 
 def tri_attn_backend_gated(kernels: KernelChoice):
-    """For our backends (auto, mini_of3, torch), ``attend_gated(qkvg, bias, mask) -> sigmoid(g) * o`` with q, k, v
-    and g packed [B, I, J, 4, H, D] (:func:`mini_of3.kernels.gated_triangle_attention`: the gate in the kernels, the
-    four gradients in one buffer); None for the anchors, which take q, k, v only (the model gates around them)."""
+    """For our backends (auto, mini_of3, torch), ``attend_gated(qkvg, bias, mask, mask_queries=False) -> sigmoid(g)
+    * o`` with q, k, v and g packed [B, I, J, 4, H, D] (:func:`mini_of3.kernels.gated_triangle_attention`: the gate
+    in the kernels, the four gradients in one buffer); None for the anchors, which take q, k, v only (the model gates
+    around them)."""
     backend, activation, split_ds = kernels.tri_attn_backend, kernels.tri_attn_activation, kernels.tri_attn_split_ds
     if backend not in OURS:
         return None
 
-    def attend_gated(qkvg, bias, mask):
+    def attend_gated(qkvg, bias, mask, mask_queries=False):
         kernel = "triton" if runs_kernel(backend, kernel_takes(qkvg.select(3, 0), pads_head_dim=False)) else "torch"
-        return gated_triangle_attention(qkvg, bias, mask, activation=activation, backend=kernel, split_ds=split_ds)
+        return gated_triangle_attention(qkvg, bias, mask, activation=activation, backend=kernel, split_ds=split_ds,
+                                        mask_queries=mask_queries)
     return attend_gated
 
 
@@ -136,7 +151,8 @@ def pair_bias_attention(kernels: KernelChoice) -> Attend:
     """
     backend = kernels.tri_attn_backend if kernels.tri_attn_backend in ("mini_of3", "torch") else "auto"
 
-    def attend(q, k, v, bias, mask):
+    def attend(q, k, v, bias, mask, mask_queries=False):
         ours = kernel_head_dim(q.shape[-1]) is not None and runs_kernel(backend, kernel_takes(q))
-        return triangle_attention(q, k, v, bias, mask, activation="softmax", backend="triton" if ours else "torch")
+        return triangle_attention(q, k, v, bias, mask, activation="softmax", backend="triton" if ours else "torch",
+                                  mask_queries=mask_queries)
     return attend

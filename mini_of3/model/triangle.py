@@ -71,14 +71,18 @@ class TriangleAttention(nn.Module):
     node : "starting" | "ending"
     kernels : the kernel choice (its tri_attn_backend, tri_attn_activation, tri_attn_fused_gate: with our backends
         the gate inside the kernels, else in PyTorch; tri_attn_split_ds)
+    mask_queries : the pair mask (token_i & token_k) masks the queries too: the update of a pair with a padded token
+        is 0 and its attention is skipped (a padded entry costs its real tokens); False computes it. No real pair's
+        update depends on it: a padded query is no real pair's key.
     """
 
     def __init__(self, *, c_z: int, n_heads: int, c_hidden: int, node: Literal["starting", "ending"],
-                 kernels: KernelChoice = KernelChoice()) -> None:
+                 kernels: KernelChoice = KernelChoice(), mask_queries: bool = True) -> None:
         super().__init__()
         if node not in ("starting", "ending"):
             raise ValueError(f"TriangleAttention: node must be 'starting' or 'ending', got {node!r}")
         self.node, self.n_heads, self.head_dim = node, n_heads, c_hidden
+        self.mask_queries = mask_queries
         self.layer_norm = LayerNorm(c_z)
         self.linear_q = nn.Linear(c_z, n_heads * c_hidden, bias=False)
         self.linear_k = nn.Linear(c_z, n_heads * c_hidden, bias=False)
@@ -113,10 +117,10 @@ class TriangleAttention(nn.Module):
         B, N = z.shape[:2]
         qkvg, bias, mask = self.attention_inputs(z, pair_mask)
         if self.attend_gated is not None:    # our kernels: the gate inside, one gradient buffer for q, k, v, g
-            o = self.attend_gated(qkvg, bias, mask)               # [B, I, J, H, D], sigmoid(g) * o
+            o = self.attend_gated(qkvg, bias, mask, mask_queries=self.mask_queries)   # [B, I, J, H, D]
         else:
             q, k, v, g = qkvg.unbind(3)                           # [B, I, J, H, D] each
-            o = torch.sigmoid(g) * self.attend(q, k, v, bias, mask)
+            o = torch.sigmoid(g) * self.attend(q, k, v, bias, mask, mask_queries=self.mask_queries)
         update = self.linear_o(o.reshape(B, N, N, -1))
         return update if self.node == "starting" else update.transpose(1, 2)   # back to the pair's frame
 

@@ -104,6 +104,20 @@ def test_both_nodes_pass_one_projection_and_a_contiguous_bias_to_the_kernel(monk
     assert relative_error(gated, plain) < 1e-12
 
 
+def assert_layers_agree(reference, layer, z, pair) -> list[torch.Tensor]:
+    """Two pair layers' updates and the gradients of z and of every parameter (under one fixed weighting of the
+    update) agree to REL32; returns ``layer``'s."""
+    results = []
+    for module in (reference, layer):
+        zi = z.clone().requires_grad_(True)
+        out = module(zi, pair)
+        (out * torch.linspace(-1, 1, out.numel(), device=z.device).view(out.shape)).sum().backward()
+        results.append([out.detach(), zi.grad] + [p.grad for p in module.parameters()])
+    for i, (got, ref) in enumerate(zip(results[1], results[0])):
+        assert relative_error(got, ref) < REL32, (i, relative_error(got, ref))
+    return results[1]
+
+
 @pytest.mark.skipif(not triton_available, reason="needs CUDA or TRITON_INTERPRET=1 (set by tests/conftest.py)")
 @pytest.mark.parametrize("direction", ["outgoing", "incoming"])
 def test_tri_mul_on_mini_of3_kernel_equals_torch_path(direction):
@@ -119,14 +133,29 @@ def test_tri_mul_on_mini_of3_kernel_equals_torch_path(direction):
     token = torch.ones(2, 11, dtype=torch.bool, device=device)
     token[1, 8:] = False
     pair = token[:, :, None] & token[:, None, :]
-    results = []
-    for layer in layers:
-        zi = z.clone().requires_grad_(True)
-        out = layer(zi, pair)
-        (out * torch.linspace(-1, 1, out.numel(), device=device).view(out.shape)).sum().backward()
-        results.append([out.detach(), zi.grad] + [p.grad for p in layer.parameters()])
-    for i, (got, ref) in enumerate(zip(results[1], results[0])):
-        assert relative_error(got, ref) < REL32, (i, relative_error(got, ref))
+    assert_layers_agree(*layers, z, pair)
+
+
+@pytest.mark.skipif(not triton_available, reason="needs CUDA or TRITON_INTERPRET=1 (set by tests/conftest.py)")
+@pytest.mark.parametrize("node,fused_gate", [("starting", True), ("ending", False)])
+def test_tri_attn_on_mini_of3_kernel_equals_torch_path_with_padded_queries(node, fused_gate):
+    """TriangleAttention (AF3 SI Alg 14/15) on our kernel (the gate inside it, or around it) against the torch path,
+    float32, padded tokens masked as queries too (mask_queries, the model's default): the update, zero at every
+    padded pair, and the gradients of z and of every parameter."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    layers = [TriangleAttention(c_z=8, n_heads=2, c_hidden=16, node=node,
+                                kernels=KernelChoice(tri_attn_backend=b, tri_attn_fused_gate=fused_gate)).to(device)
+              for b in ("torch", "mini_of3")]
+    perturb_zero_parameters(layers[0])
+    layers[1].load_state_dict(layers[0].state_dict())
+    z = torch.randn(2, 11, 11, 8, device=device)
+    token = torch.ones(2, 11, dtype=torch.bool, device=device)
+    token[0, 7:] = False
+    token[1, 4:] = False
+    pair = token[:, :, None] & token[:, None, :]
+    update, dz = assert_layers_agree(*layers, z, pair)[:2]
+    assert torch.count_nonzero(update[~pair]) == 0 and torch.count_nonzero(dz[~pair]) == 0
 
 
 def test_tri_mul_mini_of3_without_cuda_or_interpreter_names_the_fix(monkeypatch):
@@ -205,6 +234,8 @@ def fake_of3(q, k, v, additive_mask, bias):  # q [B, I, J, H, D] (openfold3 0.5,
 
 @pytest.mark.parametrize("name,fake", [("trifast", fake_trifast), ("cueq", fake_cueq), ("of3_triton", fake_of3)])
 def test_anchor_adapters_map_layouts_and_masks(monkeypatch, name, fake):
+    """Every pair, padded ones included: the anchors compute every query and the adapter zeroes the padded ones'
+    outputs (mask_queries), as our backends give them."""
     monkeypatch.setattr(tab, "import_anchor", lambda *args: fake)
     torch.manual_seed(0)
     for node in ("starting", "ending"):
@@ -216,8 +247,9 @@ def test_anchor_adapters_map_layouts_and_masks(monkeypatch, name, fake):
         z = torch.randn(2, 6, 6, 8)
         token = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
         pair = token[:, :, None] & token[:, None, :]
-        real = pair[..., None].expand(2, 6, 6, 8)
-        assert relative_error(anchor(z, pair)[real], ref(z, pair)[real]) < REL32, node
+        update = anchor(z, pair)
+        assert relative_error(update, ref(z, pair)) < REL32, node
+        assert torch.count_nonzero(update[~pair]) == 0, node
 
 
 @pytest.mark.parametrize("name,package", [("trifast", "trifast"), ("cueq", "cuequivariance_torch"),

@@ -60,3 +60,34 @@ def test_padded_tokens_change_no_real_output_or_gradient():
         # feeds a softmax bias only: softmax ignores a shift), so their own norm is no scale
         assert relative_error(g_pad, g, total) < REL, (name, relative_error(g_pad, g, total))
     assert sum(g is not None for g in grads) > 0.9 * len(params)
+
+
+def test_masking_padded_queries_changes_no_real_output_of_a_pairformer_block():
+    """The triangle attentions mask the padded pairs as queries too (``mask_queries``, on by default: their updates
+    are 0 and the kernels skip them). A Pairformer block (AF3 SI Alg 17) on an entry with 5 padded tokens, float64:
+    the real tokens' s and z, and the gradients of every parameter and of the inputs' real entries, are the same with
+    it on and off; with it on the padded pairs' attention updates are exactly 0, with it off they are not."""
+    from mini_of3.model.pairformer import PairformerBlock
+    torch.manual_seed(0)
+    block = PairformerBlock(c_s=16, c_z=8, n_heads_tri=2, c_hidden_tri=16, n_heads_single=2, c_hidden_mul=8,
+                            transition_factor=2, pair_dropout=0.0)
+    block = perturb_zero_parameters(block).double()
+    n, N = 9, 9 + N_EXTRA
+    mask = torch.arange(N)[None] < n                                                 # [1, N]
+    s0, z0 = torch.randn(1, N, 16, dtype=torch.float64), 3 * torch.randn(1, N, N, 8, dtype=torch.float64)
+    w = torch.Generator().manual_seed(2)
+    ws, wz = (torch.randn(shape, generator=w, dtype=torch.float64) for shape in ((1, n, 16), (1, n, n, 8)))
+    results = []
+    for mask_queries in (True, False):
+        block.tri_attn_start.mask_queries = block.tri_attn_end.mask_queries = mask_queries
+        s, z = s0.clone().requires_grad_(True), z0.clone().requires_grad_(True)
+        s_out, z_out = block(s, z, mask)
+        scalar = (s_out[:, :n] * ws).sum() + (z_out[:, :n, :n] * wz).sum()
+        grads = torch.autograd.grad(scalar, [s, z, *block.parameters()])
+        pair_mask = mask[:, :, None] & mask[:, None, :]
+        padded_update = block.tri_attn_start(z0, pair_mask)[~pair_mask]
+        results.append((s_out[:, :n], z_out[:, :n, :n], grads[0][:, :n], grads[1][:, :n, :n], *grads[2:]))
+        assert (torch.count_nonzero(padded_update) == 0) == mask_queries
+    total = float(torch.cat([g.flatten() for g in results[1][2:]]).norm())
+    for i, (on, off) in enumerate(zip(*results)):
+        assert relative_error(on, off, total if i >= 2 else None) < REL, (i, relative_error(on, off))
