@@ -14,6 +14,12 @@ repeats are bitwise identical.
   crop whose last N/16 tokens are padding. Every implementation is called through the model's own adapter
   (``mini_of3.model.tri_attn_backends``), so any layout conversion an anchor needs is timed, as in a training step.
   ``mini_of3`` gets the bias cast to float32 beforehand, ``mini_of3_bf16bias`` the bf16 bias as it comes.
+
+``--padded 300:768`` (issue 42) measures what a padded entry costs instead: ``mini_of3`` in the model's layout (start
+unless ``--layouts`` names end) on a 300-token entry padded to N = 768 with ``mask_queries=True`` (as the model
+calls it), the same with ``mask_queries=False`` (every padded query computed), and an entry of 320 tokens without
+padding (the real count rounded up to 64, or ``300:768:320``), interleaved; the padded rows carry ``ratio_fwd`` and
+``ratio_fwdbwd``, their times over the unpadded one's (the issue's bar: 1.3x).
 """
 from __future__ import annotations
 
@@ -54,15 +60,16 @@ def make_inputs(n: int, d: int, heads: int, seed: int, device: str = "cuda"):
     return q, k, v, bias, mask, do
 
 
-def make_model_inputs(n: int, d: int, heads: int, seed: int, node: str, device: str = "cuda"):
+def make_model_inputs(n: int, d: int, heads: int, seed: int, node: str, device: str = "cuda",
+                      real: int | None = None):
     """The inputs of the model's triangle attention, node "starting" or "ending", as it passes them to the backend
     under bf16 autocast: q, k, v [1, I, J, H, D] (views of one projection), bias [1, H, J, K] bf16, mask [1, I, K],
-    and a contiguous dO."""
+    and a contiguous dO. The first ``real`` tokens are real (default: all but the last N/16), the rest padding."""
     torch.manual_seed(seed)
     layer = TriangleAttention(c_z=C_Z, n_heads=heads, c_hidden=d, node=node).to(device)
     z = torch.randn(1, n, n, C_Z, device=device)
     tokens = torch.ones(1, n, dtype=torch.bool, device=device)
-    tokens[:, n - max(1, n // 16):] = False
+    tokens[:, n - max(1, n // 16) if real is None else real:] = False
     with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
         qkvg, bias, mask = layer.attention_inputs(z, tokens[:, :, None] & tokens[:, None, :])
     q, k, v, _ = qkvg.unbind(3)
@@ -70,10 +77,12 @@ def make_model_inputs(n: int, d: int, heads: int, seed: int, node: str, device: 
     return q, k, v, bias, mask, do
 
 
-def layout_inputs(layout: str, n: int, d: int, heads: int, seed: int):
+def layout_inputs(layout: str, n: int, d: int, heads: int, seed: int, real: int | None = None,
+                  device: str = "cuda"):
+    """The inputs of one layout; ``real``: the real tokens of the model layouts (see make_model_inputs)."""
     if layout == "contiguous":
-        return make_inputs(n, d, heads, seed)
-    return make_model_inputs(n, d, heads, seed, {"start": "starting", "end": "ending"}[layout])
+        return make_inputs(n, d, heads, seed, device)
+    return make_model_inputs(n, d, heads, seed, {"start": "starting", "end": "ending"}[layout], device, real)
 
 
 def adapter_impl(name: str) -> Impl:
@@ -93,7 +102,8 @@ def leaf(t: torch.Tensor, keep_layout: bool) -> torch.Tensor:
     return (t.detach() if keep_layout else t.detach().clone()).requires_grad_(True)
 
 
-def reference_fp64(q, k, v, bias, mask, do, rows_per_chunk: int = 32) -> list[torch.Tensor]:
+def reference_fp64(q, k, v, bias, mask, do, rows_per_chunk: int = 32, mask_queries: bool = False
+                   ) -> list[torch.Tensor]:
     """Output and gradients in float64, rows i in chunks (they are independent except for the bias gradient)."""
     bias64 = bias.double()
     outs = {name: [] for name in GRAD_NAMES[:4]}
@@ -102,7 +112,7 @@ def reference_fp64(q, k, v, bias, mask, do, rows_per_chunk: int = 32) -> list[to
         rows = slice(i0, i0 + rows_per_chunk)
         leaves = [t[:, rows].double().requires_grad_(True) for t in (q, k, v)]
         b = bias64.clone().requires_grad_(True)
-        o = triangle_attention_ref(*leaves, b, mask[:, rows])
+        o = triangle_attention_ref(*leaves, b, mask[:, rows], mask_queries=mask_queries)
         o.backward(do[:, rows].double())
         for name, t in zip(GRAD_NAMES[:4], [o.detach()] + [x.grad for x in leaves]):
             outs[name].append(t)
@@ -129,10 +139,11 @@ class Prepared:
     fwdbwd: Callable[[int], object]
 
 
-def prepare(impl: Impl, n: int, d: int, heads: int, layout: str = "contiguous") -> Prepared:
+def prepare(impl: Impl, n: int, d: int, heads: int, layout: str = "contiguous", real: int | None = None,
+            device: str = "cuda") -> Prepared:
     row = {"impl": impl.name, "N": n, "D": d, "H": heads, "dtype": "bf16", "bias_dtype": impl.bias_dtype,
            "layout": layout}
-    sets = [layout_inputs(layout, n, d, heads, seed) for seed in range(3)]
+    sets = [layout_inputs(layout, n, d, heads, seed, real, device) for seed in range(3)]
     natives = [impl.native(*s[:5]) for s in sets]
     dos = [impl.native(s[5], s[5], s[5], s[3], s[4])[0] for s in sets]   # dO laid out as the impl's q
     leaves = [[leaf(t, layout != "contiguous") for t in nat[:4]] for nat in natives]
@@ -183,6 +194,9 @@ def finish(p: Prepared, *, check: bool, reference) -> dict:
                           for name, g, r in zip(GRAD_NAMES, first, reference)}
             row["err_note"] = "o, dq, dk, dv over rows with a valid key; dbias whole"
             row["padding_rows_zero"] = all(bool((g[~real] == 0).all()) for g in first[:4])
+            if row.get("mask_queries"):   # o and dq of every masked query (dk, dv: masked keys)
+                masked = ~p.natives[0][4]                                    # [B, I, J]
+                row["masked_queries_zero"] = all(bool((g[masked] == 0).all()) for g in first[:4])
         same = {name: True for name in GRAD_NAMES}
         for _ in range(4):   # five runs in all
             again = run_grads(p.impl, p.natives[0], p.dos[0], keep)
@@ -273,6 +287,76 @@ def bench_shape(result: dict, impls: list[Impl], layout: str, n: int, d: int, ar
     torch.cuda.empty_cache()
 
 
+def parse_padded(text: str) -> list[tuple[int, int, int]]:
+    """``--padded``: comma-separated REAL:CROP[:BASE] -> (real tokens, padded N, unpadded N), BASE defaulting to
+    REAL rounded up to 64; or one clear error line."""
+    specs = []
+    for item in text.split(","):
+        try:
+            values = [int(x) for x in item.split(":")]
+        except ValueError:
+            values = []
+        if len(values) == 2:
+            values.append(-(-values[0] // 64) * 64)
+        if len(values) != 3 or not 0 < values[0] <= min(values[1:]):
+            raise SystemExit(f"--padded: expected REAL:CROP[:BASE] with 0 < REAL <= CROP and REAL <= BASE, got "
+                             f"{item!r}")
+        specs.append(tuple(values))
+    return specs
+
+
+def bench_padded(result: dict, spec: tuple[int, int, int], layout: str, d: int, args, check: bool,
+                 device: str = "cuda") -> None:
+    """Issue 42's measurement: ``mini_of3`` on an entry of ``real`` tokens padded to ``crop`` (mask_queries True,
+    then False) and on one of ``base`` tokens without padding, interleaved; appends the three rows, the padded ones
+    with their time ratios to the unpadded one."""
+    real, crop, base = spec
+    adapter = adapter_impl("mini_of3")
+    cases = [(crop, real, True), (crop, real, False), (base, base, True)]
+    prepared = []
+    for n, tokens, mask_queries in cases:
+        call = (lambda mq: lambda *a: adapter.call(*a, mask_queries=mq))(mask_queries)
+        impl = Impl(adapter.name, adapter.bias_dtype, adapter.native, call, adapter.back)
+        p = prepare(impl, n, d, args.heads, layout, real=tokens, device=device)
+        p.row.update(real_tokens=tokens, mask_queries=mask_queries, padded=f"{real}:{crop}")
+        prepared.append(p)
+    time_rounds(prepared, args.rounds, args.reps)
+    for p in prepared:
+        n, tokens, mask_queries = p.row["N"], p.row["real_tokens"], p.row["mask_queries"]
+        reference = None
+        if check:
+            inputs = layout_inputs(layout, n, d, args.heads, 0, tokens, device)
+            reference = reference_fp64(*inputs, mask_queries=mask_queries)
+        result["rows"].append(finish(p, check=check, reference=reference))
+    unpadded = prepared[-1].row
+    for p in prepared[:-1]:
+        p.row.update(ratio_to_N=unpadded["N"], ratio_fwd=p.row["fwd_ms"] / unpadded["fwd_ms"],
+                     ratio_fwdbwd=p.row["fwdbwd_ms"] / unpadded["fwdbwd_ms"])
+    for p in prepared:
+        print(json.dumps(p.row), flush=True)
+
+
+def main_padded(args, specs: list[tuple[int, int, int]], layouts: list[str], ds: list[int], check_ns) -> None:
+    """``--padded``: bench_padded for each spec, layout and D; a table and the JSON."""
+    result = result_header("kernels")
+    result["shapes"] = {"B": 1, "H": args.heads, "dtype": "bf16", "padded": [f"{r}:{c}:{b}" for r, c, b in specs],
+                        "mask": "the first real_tokens tokens real, the rest padding (pair mask token_i & token_k)"}
+    out = Path(args.out) / f"kernels_padded{('_' + args.tag) if args.tag else ''}.json"
+    for layout in [x for x in layouts if x != "contiguous"] or ["start"]:
+        for d in ds:
+            for spec in specs:
+                bench_padded(result, spec, layout, d, args, check=check_ns is None or spec[1] in check_ns)
+                write_json(result, out)
+    result["autotuned"] = autotuned_configs()
+    write_json(result, out)
+    print()
+    print_table(result["rows"], [("layout", "layout", "s"), ("D", "D", "d"), ("N", "N", "d"),
+                                 ("real_tokens", "real", "d"), ("mask_queries", "mask_queries", ""),
+                                 ("fwd_ms", "fwd ms", ".3f"), ("fwdbwd_ms", "fwd+bwd ms", ".3f"),
+                                 ("ratio_fwd", "fwd / unpadded", ".2f"), ("ratio_fwdbwd", "f+b / unpadded", ".2f")])
+    print(f"\nwrote {out}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m mini_of3.bench kernels", description=__doc__)
     parser.add_argument("--ns", default="256,384,512,640,768")
@@ -285,6 +369,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds over all implementations, interleaved")
     parser.add_argument("--out", default="runs/bench", help="folder of the JSON and PNG (default: runs/bench)")
     parser.add_argument("--tag", default="", help="suffix of the result file names")
+    parser.add_argument("--padded", default="", help="REAL:CROP[:BASE],...: only the padded-entry measurement "
+                        "(mini_of3, mask_queries on and off, against BASE tokens unpadded; see above)")
     args = parser.parse_args(argv)
     names = parse_list(args.impls, "impls", str, FACTORIES)
     layouts = parse_list(args.layouts, "layouts", str, LAYOUTS)
@@ -292,9 +378,13 @@ def main(argv: list[str] | None = None) -> None:
     check_ns = None if args.check_ns == "all" else set(parse_list(args.check_ns, "check-ns"))
     if set(layouts) - {"contiguous"} and set(names) - set(ADAPTED):
         raise SystemExit(f"--impls: the model layouts run {list(ADAPTED)} only, got {names}")
+    specs = parse_padded(args.padded) if args.padded else None
     if not torch.cuda.is_available():
         raise SystemExit("the kernel benchmark needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = False
+    if specs:
+        main_padded(args, specs, layouts, ds, check_ns)
+        return
     result = result_header("kernels", package_versions(
         ["trifast", "cuequivariance", "cuequivariance-torch", "cuequivariance-ops-torch-cu13", "openfold3"]))
     result["skipped"] = {}
