@@ -11,6 +11,7 @@ where one profiled step spent its GPU time (:func:`breakdown`).
     python -m mini_of3.bench step configs/crop768.yaml --crops 640,768 --arms mini_of3+cueq,cueq+cueq
     python -m mini_of3.bench step --crops 256,512 --arms mini_of3+cueq:reduce-overhead model.checkpointing=false
     python -m mini_of3.bench step --arms mini_of3+mini_of3,mini_of3+mini_of3:reduce-overhead   (a compile mode per arm)
+    python -m mini_of3.bench step configs/crop768.yaml --crops 320,768 --entry 6W13 --pad   (what padding costs)
 """
 from __future__ import annotations
 
@@ -103,9 +104,11 @@ def parse_crops(text: str) -> list[int]:
 # inputs
 
 
-def real_crop(prepared: Path, crop: int, device: torch.device) -> tuple[dict, str]:
-    """A crop of ``crop`` tokens (fewer if no entry is that large) of the entry with the most resolved tokens, as
-    the training loader makes it (cropper drawn from seed 0), on ``device``; and the entry's id."""
+def real_crop(prepared: Path, crop: int, device: torch.device, entry: str | None = None, pad: bool = False
+              ) -> tuple[dict, str]:
+    """A crop of ``crop`` tokens (fewer if the entry is smaller) of ``entry`` (default: the entry with the most
+    resolved tokens), as the training loader makes it (cropper drawn from seed 0), padded to ``crop`` tokens when
+    ``pad`` (as ``data.pad_to_crop`` does), on ``device``; and the entry's id."""
     from mini_of3.config import DataConfig
     from mini_of3.data.dataset import ProteinDataset, collate
     from mini_of3.data.prepare import read_manifest
@@ -113,11 +116,18 @@ def real_crop(prepared: Path, crop: int, device: torch.device) -> tuple[dict, st
     rows = read_manifest(prepared)
     if not rows:
         raise SystemExit(f"{prepared}: no prepared entries (run python -m mini_of3.data.prepare first)")
-    largest = max(rows, key=lambda r: r.resolved_tokens)
+    if entry is None:
+        chosen = max(rows, key=lambda r: r.resolved_tokens)
+    else:
+        named = [r for r in rows if entry.upper() in (r.id.upper(), r.pdb_id.upper())]
+        if not named:
+            raise SystemExit(f"--entry {entry}: not in {prepared} (its entries: "
+                             f"{', '.join(sorted(r.id for r in rows)[:12])}{', ...' if len(rows) > 12 else ''})")
+        chosen = named[0]
     dataset = ProteinDataset(prepared, DataConfig(crop_size=crop, min_tokens=1, max_resolution=None), "all",
-                             seed=0, rows=[largest])
-    batch = collate([dataset[0]])
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}, largest.id
+                             seed=0, rows=[chosen])
+    batch = collate([dataset[0]], n_tokens=crop if pad else None)
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}, chosen.id
 
 
 class Arm:
@@ -502,6 +512,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per arm first (compilation, autotuning: "
                         "with compiled blocks and 2 warm-ups, one timed step at 768 took 4.9 s in the s9 sweep; "
                         f"an arm whose last one takes over {SLOW_STEP_S:.0f} s is not timed at this crop or above)")
+    parser.add_argument("--entry", default=None, help="the entry to crop (id or PDB id; default: the one with the "
+                        "most resolved tokens)")
+    parser.add_argument("--pad", action="store_true", help="pad every crop to its size, as data.pad_to_crop does (a "
+                        "small --entry then measures what padding costs)")
     parser.add_argument("--profile-crops", default=None,
                         help="crops whose GPU time is broken down by a profiled step (default: the largest)")
     parser.add_argument("--out", default="runs/bench", help="folder of the JSON and PNG (default: runs/bench)")
@@ -531,10 +545,11 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     stem = f"step{('_' + args.tag) if args.tag else ''}"
     for crop in crops:
-        batch, entry = real_crop(prepared, crop, device)
-        print(f"crop {crop}: {entry}, {batch['token_mask'].shape[1]} tokens", flush=True)
+        batch, entry = real_crop(prepared, crop, device, args.entry, args.pad)
+        real = int(batch["token_mask"].sum())
+        print(f"crop {crop}: {entry}, {batch['token_mask'].shape[1]} tokens ({real} real)", flush=True)
         for row in bench_crop(arms, batch, crop, args.rounds, args.warmup, crop in profiled):
-            result["rows"].append({**row, "crop": crop, "entry": entry})
+            result["rows"].append({**row, "crop": crop, "entry": entry, "real_tokens": real})
         write_json(result, out / f"{stem}.json")
     rows = result["rows"]
     plot(rows, out / f"{stem}.png")

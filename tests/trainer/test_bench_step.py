@@ -6,6 +6,7 @@ import torch
 
 from mini_of3.bench import step
 from mini_of3.config import ModelConfig, load_config
+from mini_of3.data import read_manifest
 
 from .helpers import TINY_MODEL
 
@@ -49,6 +50,20 @@ def test_only_the_named_crops_are_profiled(small_data, tmp_path):
                "--profile-crops", "16", "--data", str(prepared), "--out", str(tmp_path), *tiny_model_overrides()])
     rows = json.loads((tmp_path / "step.json").read_text())["rows"]
     assert ["breakdown_ms" in r for r in rows] == [True, False]
+
+
+def test_a_named_entry_padded_to_the_crop_measures_what_padding_costs(small_data, tmp_path):
+    prepared, _ = small_data
+    smallest = min(read_manifest(prepared), key=lambda r: r.tokens)
+    step.main(["configs/default.yaml", "--crops", "8,64", "--entry", smallest.id.lower(), "--pad", "--arms",
+               "torch+torch", "--rounds", "1", "--warmup", "1", "--profile-crops", "8", "--data", str(prepared),
+               "--out", str(tmp_path), *tiny_model_overrides()])
+    rows = json.loads((tmp_path / "step.json").read_text())["rows"]
+    assert [(r["entry"], r["N"], r["real_tokens"]) for r in rows] == [
+        (smallest.id, 8, 8), (smallest.id, 64, min(smallest.tokens, 64))]
+    assert smallest.tokens < 64                              # the second crop holds the whole entry, padded
+    with pytest.raises(SystemExit, match="--entry NOPE: not in "):
+        step.main(["configs/default.yaml", "--entry", "NOPE", "--data", str(prepared), *tiny_model_overrides()])
 
 
 def test_an_arm_may_name_its_compile_mode():

@@ -4,12 +4,13 @@
 #   padded  bench kernels --padded 300:768 (mask_queries on / off against an unpadded 320; the 1.3x bar)
 #   step    bench step at crop 768, mini_of3+mini_of3 against cueq+cueq (the single attention on our kernel)
 #   tanh    bench sigmoid at the shapes in MINI_OF3_SIGMOID_SHAPES (rcp, tanh and TritonSigmoid side by side)
+#   padstep bench step on 6W13 (317 tokens) padded to crop 768 beside its crop of 320 (where padding still costs)
 #   gluon   tools/lab/gluon_tri_attn_fwd.py (the Hopper prototypes: error against float64, time against SDPA)
-#   MINI_OF3_COMMIT=<hash> bash tools/lab/device_predicted.sh [STEPS]      (default padded,step,tanh,gluon)
+#   MINI_OF3_COMMIT=<hash> bash tools/lab/device_predicted.sh [STEPS]      (default padded,step,tanh,padstep,gluon)
 # Carry .whl (anchors: cueq, TritonSigmoid) and .device (prepared entries). Writes $OUT/<step>.log and the benches'
 # JSON/PNG; prints each step's table last.
 set -u
-steps=${1:-padded,step,tanh,gluon}
+steps=${1:-padded,step,tanh,padstep,gluon}
 : "${MINI_OF3_COMMIT:?set MINI_OF3_COMMIT to the commit measured}"
 source tools/lab/device_env.sh
 left() { echo $(( ${MINI_OF3_TOTAL_LIMIT:-575} - SECONDS )); }
@@ -20,15 +21,18 @@ run_step() {   # NAME LIMIT COMMAND...: run under min(LIMIT, time left), log to 
   echo "== $name (limit ${limit} s)"
   timeout $limit "$@" > $OUT/$name.log 2>&1 || echo "== $name: exit $?"
 }
-[[ $steps == *padded* ]] && run_step padded 90 python3 -m mini_of3.bench kernels --padded 300:768 --ds 32 \
+[[ ,$steps, == *,padded,* ]] && run_step padded 90 python3 -m mini_of3.bench kernels --padded 300:768 --ds 32 \
   --out $OUT --tag padded_$MINI_OF3_COMMIT
-[[ $steps == *step* ]] && run_step step 220 python3 -m mini_of3.bench step configs/crop768.yaml \
+[[ ,$steps, == *,step,* ]] && run_step step 220 python3 -m mini_of3.bench step configs/crop768.yaml \
   --data .device/data/cache --crops 768 --arms mini_of3+mini_of3,cueq+cueq --rounds 4 --warmup 2 --out $OUT \
   --tag crop768_$MINI_OF3_COMMIT
-[[ $steps == *tanh* ]] && run_step tanh 200 python3 -m mini_of3.bench sigmoid \
+[[ ,$steps, == *,tanh,* ]] && run_step tanh 200 python3 -m mini_of3.bench sigmoid \
   --shapes ${MINI_OF3_SIGMOID_SHAPES:-b1t16384d128,b4t4096d64} --out $OUT --tag tanh_$MINI_OF3_COMMIT
-[[ $steps == *gluon* ]] && run_step gluon 60 python3 tools/lab/gluon_tri_attn_fwd.py
-for name in padded step tanh gluon; do
+[[ ,$steps, == *,padstep,* ]] && run_step padstep 120 python3 -m mini_of3.bench step configs/crop768.yaml \
+  --data .device/data/cache --crops 320,768 --entry 6W13 --pad --arms mini_of3+mini_of3 --rounds 4 --warmup 2 \
+  --profile-crops 320,768 --out $OUT --tag padded6w13_$MINI_OF3_COMMIT
+[[ ,$steps, == *,gluon,* ]] && run_step gluon 60 python3 tools/lab/gluon_tri_attn_fwd.py
+for name in padded step tanh padstep gluon; do
   [ -f $OUT/$name.log ] && { echo "== $name"; grep -v -i 'warn' $OUT/$name.log | tail -12; }
 done
 echo "($SECONDS s in all)"
