@@ -68,9 +68,9 @@ def module_grad_norms(module_params: dict[str, list[nn.Parameter]], device: torc
     for k, params in enumerate(module_params.values()):
         grads = [p.grad for p in params if p.grad is not None]
         grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
-        if grads:
-            squares[k] = torch.stack([torch.linalg.vector_norm(g.detach().float()) for g in grads]).double() \
-                .square().sum()
+        if grads:                         # one multi-tensor launch per dtype, not one per parameter
+            norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+            squares[k] = torch.stack(norms).double().square().sum()
     if reduce_shards is not None:
         squares = reduce_shards(squares)
     norms = squares.sqrt().cpu() / grad_scale
