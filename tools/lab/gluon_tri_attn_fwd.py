@@ -16,6 +16,7 @@ Three kernels over the same math, one program per (query tile, row bih):
 
     python tools/lab/gluon_tri_attn_fwd.py            # compile all for sm_90 (no GPU needed): regs, spills, smem
                                                       # with a CUDA GPU also: error vs float64, time vs SDPA
+                                                      # and vs mini_of3's Triton forward on the same tensors
 
 Key padding beyond J is masked in registers (the 2-D TMA view runs into the next row's keys); the bias and the
 output go through masked pointer loads/stores. No key mask yet.
@@ -343,6 +344,17 @@ def _sdpa(q, k, v, bias, I: int, H: int) -> torch.Tensor:
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+def _ours(q, k, v, bias, I: int, H: int) -> torch.Tensor:
+    """mini_of3's Triton forward on the same tensors (viewed as its [B, I, J, H, D] layout), no backward to follow."""
+    from mini_of3.kernels import triangle_attention
+    bih, J, D = q.shape
+    B = bih // (I * H)
+    q5, k5, v5 = (x.view(B, I, H, J, D).permute(0, 1, 3, 2, 4) for x in (q, k, v))
+    with torch.no_grad():
+        o = triangle_attention(q5, k5, v5, bias.view(B, H, J, J), backend="triton")      # [B, I, J, H, D]
+    return o.permute(0, 1, 3, 2, 4).reshape(bih, J, D)
+
+
 def _time_ms(fn, reps: int = 50) -> float:
     for _ in range(5):
         fn()
@@ -364,6 +376,9 @@ def run_gpu(B: int = 1, I: int = 256, H: int = 4, J: int = 256) -> None:
     sdpa = lambda: _sdpa(q, k, v, bias, I, H)  # noqa: E731
     err = ((sdpa().double() - ref).norm() / ref.norm()).item()
     print(f"{'sdpa (bias bf16, expanded)':28s} err {err:.2e}  {_time_ms(sdpa):8.3f} ms")
+    ours = lambda: _ours(q, k, v, bias, I, H)  # noqa: E731
+    err = ((ours().double() - ref).norm() / ref.norm()).item()
+    print(f"{'mini_of3 triton (fp32 bias)':28s} err {err:.2e}  {_time_ms(ours):8.3f} ms", flush=True)
     for kernel in _kernels():
         fn = lambda: gluon_attn(kernel, q, k, v, bias, I, H)  # noqa: E731
         try:
