@@ -277,6 +277,7 @@ def report(result: dict) -> None:
     summaries = [r for r in result["rows"] if not r.get("entry") and r["impl"] not in ("untrained", "random_chain")]
     print_table(summaries, [("arm", "arm", "s"), ("seed", "seed", "d"), ("step", "steps", "d"),
                             ("step_s", "step s", ".3f"), ("gpu_minutes", "GPU min", ".1f"),
+                            ("gpu_minutes_alone", "GPU min alone", ".1f"),
                             ("peak_mib", "peak MiB", ".0f")])
     print()
     shown = [c for c in result["comparisons"] if c["metric"] == "lddt_ca"]

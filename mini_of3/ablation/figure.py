@@ -1,5 +1,6 @@
 """The ablation's figure: whole-entry quality against the arm, per split, with bootstrap intervals over seeds and
-entries, the random chain and the untrained model beside; then step time and peak memory against the crop."""
+entries, the random chain and the untrained model beside; then GPU time (at each crop's step time alone) and peak
+memory against the arm."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,7 +39,8 @@ def plot(result: dict, path: Path, metric: str = "lddt_ca") -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     summaries = [r for r in rows if not r.get("entry") and r["impl"] in ("crop", "finetune", "activation")]
-    for ax, key, label in ((axes[-2], "step_s", "median step (s)"), (axes[-1], "peak_mib", "peak memory (MiB)")):
+    for ax, key, label in ((axes[-2], "gpu_minutes_alone", "GPU minutes (each crop's step timed alone)"),
+                           (axes[-1], "peak_mib", "peak memory (MiB)")):
         for i, name in enumerate(names):
             values = [r[key] for r in summaries if r["arm"] == name and r.get(key) is not None]
             if values:
