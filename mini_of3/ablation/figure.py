@@ -1,6 +1,6 @@
 """The ablation's figure: whole-entry quality against the arm, per split, with bootstrap intervals over seeds and
-entries, the random chain and the untrained model beside; then GPU time (at each crop's step time alone) and peak
-memory against the arm."""
+entries, the random chain and the untrained model beside; then the mean step time (each crop's step timed alone,
+:mod:`.cost`) and peak memory against the arm."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,10 +39,11 @@ def plot(result: dict, path: Path, metric: str = "lddt_ca") -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     summaries = [r for r in rows if not r.get("entry") and r["impl"] in ("crop", "finetune", "activation")]
-    for ax, key, label in ((axes[-2], "gpu_minutes_alone", "GPU minutes (each crop's step timed alone)"),
-                           (axes[-1], "peak_mib", "peak memory (MiB)")):
+    alone = {id(r): r["gpu_minutes_alone"] * 60 / r["step"] for r in summaries if r.get("gpu_minutes_alone")}
+    for ax, value, label in ((axes[-2], lambda r: alone.get(id(r)), "mean step (s), each crop timed alone"),
+                             (axes[-1], lambda r: r.get("peak_mib"), "peak memory (MiB)")):
         for i, name in enumerate(names):
-            values = [r[key] for r in summaries if r["arm"] == name and r.get(key) is not None]
+            values = [value(r) for r in summaries if r["arm"] == name and value(r) is not None]
             if values:
                 ax.plot([i] * len(values), values, "o", color="C2")
         ax.set(ylabel=label, xticks=x)
