@@ -7,9 +7,9 @@ Pairformer, so that every arm and seed fits in about 45 minutes of one GPU) for 
 ``--seeds``, with the real trainer, and is then scored on whole entries (:mod:`mini_of3.ablation.scoring`): the
 training entries above 384 tokens (what a crop limits), those of at most 256 (the control) and the validation
 set; at equal steps (the last checkpoint) and at equal GPU time (each arm's last checkpoint within the first arm's
-GPU time, a step of each crop timed alone first: :mod:`mini_of3.ablation.cost`). Beside them, per seed: the untrained model and a random compact chain. The paired
-differences between arms over seeds and entries, with bootstrap 95 % intervals (:mod:`mini_of3.ablation.stats`),
-say what the crop changed.
+GPU time, a step of each crop timed alone first: :mod:`mini_of3.ablation.cost`). Beside them, per seed: the
+untrained model and a random compact chain. The paired differences between arms over seeds and entries, with
+bootstrap 95 % intervals (:mod:`mini_of3.ablation.stats`), say what the crop changed.
 
 Each arm trains in ``<folder>/seed<k>/<arm>`` and leaves ``arm.json`` (its scores) when finished, its checkpoints
 then removed; a finished arm is skipped when the command runs again and an interrupted one resumes, so an

@@ -44,7 +44,8 @@ def arm_seconds(arm: Arm, step: int, steps: int, costs: dict[str, float]) -> flo
     places the schedule arm's switch)."""
     if arm.impl == "finetune":
         first = min(step, finetune_start(steps))
-        return first * costs[kind(arm.start_crop, arm.activation)] + (step - first) * costs[kind(arm.crop, arm.activation)]
+        start, end = costs[kind(arm.start_crop, arm.activation)], costs[kind(arm.crop, arm.activation)]
+        return first * start + (step - first) * end
     return step * costs[kind(arm.crop, arm.activation)]
 
 
