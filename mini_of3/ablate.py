@@ -136,6 +136,20 @@ def arm_summary(arm: planning.Arm, seed: int, log: list[dict], steps: int, costs
             "gpu_minutes_alone": cost.arm_seconds(arm, step, steps, costs) / 60}
 
 
+def train_run(config: str, common: list[str], keys: list[str], prepared: Path, max_steps: int):
+    """The real trainer on ``config`` with the ablation's ``common`` keys and then ``keys``, reading ``prepared``,
+    to ``max_steps``; its :class:`TrainResult`."""
+    cfg = load(config, [*common, *keys])
+    return run_trainer(replace(cfg, data=replace(cfg.data, root=str(prepared)),
+                               trainer=replace(cfg.trainer, max_steps=max_steps)))
+
+
+def card(device) -> str:
+    """The device's name, as the results record it."""
+    import torch
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
 def run_arm(arm: planning.Arm, seed: int, steps: int, *, config: str, common: list[str], folder: Path,
             prepared: Path, stop_at: int | None = None, first_part: bool = False) -> Path:
     """Train one arm of one seed to ``steps`` (or only to ``stop_at``; a schedule arm's ``first_part``: its start
@@ -144,10 +158,7 @@ def run_arm(arm: planning.Arm, seed: int, steps: int, *, config: str, common: li
     run_dir = planning.start_folder(folder, seed, arm) if first_part else planning.arm_folder(folder, seed, arm)
     keys = planning.arm_overrides(arm, folder, seed, steps, started=bool(list_checkpoints(run_dir)),
                                   first_part=first_part)
-    cfg = load(config, [*common, *keys])
-    cfg = replace(cfg, data=replace(cfg.data, root=str(prepared)),
-                  trainer=replace(cfg.trainer, max_steps=stop_at or steps))
-    done = run_trainer(cfg)
+    done = train_run(config, common, keys, prepared, stop_at or steps)
     if done.stopped_by is not None:
         raise SystemExit(f"seed {seed} {arm.name}: stopped by {done.stopped_by} at step {done.step}; run the same "
                          f"command again to resume it")
@@ -169,7 +180,6 @@ def score_arm(arm: planning.Arm, seed: int, folder: Path, entries, steps: int, c
     """Score an arm's last checkpoint (equal steps) and its last within ``budget_s`` of GPU time at each kind of
     step's cost alone (equal GPU time); write and return ``arm.json`` (``wall_minutes``: since ``began``, the
     monotonic clock when its training started in this command); remove the checkpoints."""
-    import torch
     from mini_of3.training.checkpoint import list_checkpoints
     from mini_of3.training.runlog import read_log
     run_dir = planning.arm_folder(folder, seed, arm)
@@ -185,8 +195,8 @@ def score_arm(arm: planning.Arm, seed: int, folder: Path, entries, steps: int, c
             del model
         rows += [{"impl": arm.impl, "arm": arm.name, "N": arm.crop, "activation": arm.activation, "seed": seed,
                   "budget": budget, "step": checkpoint.step, **r} for r in scored[checkpoint.step]]
-    card = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    result = {"summary": {**summary, "wall_minutes": (time.monotonic() - began) / 60, "device": card}, "rows": rows}
+    result = {"summary": {**summary, "wall_minutes": (time.monotonic() - began) / 60, "device": card(device)},
+              "rows": rows}
     write_json(result, run_dir / "arm.json")
     for checkpoints in (run_dir / "checkpoints", run_dir / "start" / "checkpoints"):
         shutil.rmtree(checkpoints, ignore_errors=True)
@@ -199,7 +209,6 @@ def calibrate(kinds: list[tuple[int, str]], calibration_steps: int, seed: int, d
     """Time each kind of step (crop, activation) alone: ``calibration_steps`` steps of the real trainer from
     ``seed`` (the same entries for every kind) in a scratch run, removed after; write ``<folder>/step_costs.json``
     (the mean step seconds after :data:`cost.WARMUP` steps, per kind, and the device)."""
-    import torch
     from mini_of3.training.runlog import read_log
     costs = {}
     for crop, act in kinds:
@@ -207,16 +216,13 @@ def calibrate(kinds: list[tuple[int, str]], calibration_steps: int, seed: int, d
         run_dir = folder / "calibration" / name
         shutil.rmtree(run_dir, ignore_errors=True)
         keys = {"seed": seed, "data.crop_size": crop, "model.tri_attn_activation": act, "trainer.out_dir": run_dir,
-                "trainer.max_steps": calibration_steps, "trainer.checkpoint_every": 10 ** 9,
-                "trainer.val_every": 10 ** 9}           # the arms' entries and order; validated at start and end
-        cfg = load(config, [*common, *(f"{k}={v}" for k, v in keys.items())])
-        run_trainer(replace(cfg, data=replace(cfg.data, root=str(prepared))))
+                "trainer.checkpoint_every": 10 ** 9, "trainer.val_every": 10 ** 9}   # validated at start and end only
+        train_run(config, common, [f"{k}={v}" for k, v in keys.items()], prepared, calibration_steps)
         times = [r["step_s"] for r in read_log(run_dir / "log.jsonl") if r.get("split") == "train"]
         costs[name] = cost.mean_step_seconds(times)
         say(f"calibration: {name} {costs[name]:.3f} s a step alone (mean of {max(len(times) - cost.WARMUP, 1)})")
     shutil.rmtree(folder / "calibration", ignore_errors=True)
-    card = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    write_json({"device": card, "steps": calibration_steps, "warmup": cost.WARMUP, "step_s": costs},
+    write_json({"device": card(device), "steps": calibration_steps, "warmup": cost.WARMUP, "step_s": costs},
                folder / COSTS)
 
 

@@ -12,6 +12,12 @@ from .stats import as_matrix, bootstrap_interval, entry_values
 SPLITS = ("train_large", "train_small", "val")
 
 
+def step_seconds_alone(summary: dict) -> float | None:
+    """An arm's mean step time at each crop's cost alone (its ``gpu_minutes_alone`` over its steps)."""
+    minutes = summary.get("gpu_minutes_alone")
+    return minutes * 60 / summary["step"] if minutes else None
+
+
 def plot(result: dict, path: Path, metric: str = "lddt_ca") -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -39,8 +45,7 @@ def plot(result: dict, path: Path, metric: str = "lddt_ca") -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     summaries = [r for r in rows if not r.get("entry") and r["impl"] in ("crop", "finetune", "activation")]
-    alone = {id(r): r["gpu_minutes_alone"] * 60 / r["step"] for r in summaries if r.get("gpu_minutes_alone")}
-    for ax, value, label in ((axes[-2], lambda r: alone.get(id(r)), "mean step (s), each crop timed alone"),
+    for ax, value, label in ((axes[-2], step_seconds_alone, "mean step (s), each crop timed alone"),
                              (axes[-1], lambda r: r.get("peak_mib"), "peak memory (MiB)")):
         for i, name in enumerate(names):
             values = [value(r) for r in summaries if r["arm"] == name and value(r) is not None]

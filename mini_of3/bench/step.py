@@ -110,7 +110,7 @@ def real_crop(prepared: Path, crop: int, device: torch.device, entry: str | None
     resolved tokens), as the training loader makes it (cropper drawn from seed 0), padded to ``crop`` tokens when
     ``pad`` (as ``data.pad_to_crop`` does), on ``device``; and the entry's id."""
     from mini_of3.config import DataConfig
-    from mini_of3.data.dataset import ProteinDataset, collate
+    from mini_of3.data.dataset import ProteinDataset, collate, is_named
     from mini_of3.data.prepare import read_manifest
 
     rows = read_manifest(prepared)
@@ -119,7 +119,7 @@ def real_crop(prepared: Path, crop: int, device: torch.device, entry: str | None
     if entry is None:
         chosen = max(rows, key=lambda r: r.resolved_tokens)
     else:
-        named = [r for r in rows if entry.upper() in (r.id.upper(), r.pdb_id.upper())]
+        named = [r for r in rows if is_named(r, [entry])]
         if not named:
             raise SystemExit(f"--entry {entry}: not in {prepared} (its entries: "
                              f"{', '.join(sorted(r.id for r in rows)[:12])}{', ...' if len(rows) > 12 else ''})")
