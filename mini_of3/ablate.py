@@ -15,7 +15,7 @@ Each arm trains in ``<folder>/seed<k>/<arm>`` and leaves ``arm.json`` (its score
 then removed; a finished arm is skipped when the command runs again and an interrupted one resumes, so an
 ablation can span several GPU sessions, and arms can train side by side (``--only``, one process each) once
 ``--calibrate`` has timed every kind of step alone (``<folder>/step_costs.json``; a run without ``--only`` does it
-first by itself). Writes ``<out>/ablation_<kind>[_tag].json`` and ``.png`` (``--out``:
+first by itself); ``--only baselines`` scores the baselines beside them (else the run without ``--only`` does). Writes ``<out>/ablation_<kind>[_tag].json`` and ``.png`` (``--out``:
 the ablation folder unless given).
 
     python -m mini_of3.ablate crops configs/ablation.yaml --seeds 0,1,2 --steps 2000
@@ -48,6 +48,7 @@ OPTIONS = ("--crops, --schedule, --seeds, --steps, --activation, --score-samples
            "--calibrate, --calibration-steps, --out, --tag")
 CALIBRATION_STEPS = 40
 COSTS = "step_costs.json"
+BASELINES = "baselines"                 # --only's name for the untrained model's and random chain's scoring
 COMPARED = ("lddt_ca", "tm_score", "contact_precision", "interchain_contact_precision", "interface_lddt")
 
 
@@ -179,8 +180,10 @@ def score_arm(arm: planning.Arm, seed: int, folder: Path, entries, steps: int, c
               budget_s: float, score: dict, device, began: float) -> dict:
     """Score an arm's last checkpoint (equal steps) and its last within ``budget_s`` of GPU time at each kind of
     step's cost alone (equal GPU time); write and return ``arm.json`` (``wall_minutes``: since ``began``, the
-    monotonic clock when its training started in this command); remove the checkpoints."""
+    monotonic clock when its training started in this command; ``score_minutes``: the scoring's share); remove
+    the checkpoints."""
     from mini_of3.training.checkpoint import list_checkpoints
+    scoring_began = time.monotonic()
     from mini_of3.training.runlog import read_log
     run_dir = planning.arm_folder(folder, seed, arm)
     summary = arm_summary(arm, seed, read_log(run_dir / "log.jsonl"), steps, costs)
@@ -195,7 +198,9 @@ def score_arm(arm: planning.Arm, seed: int, folder: Path, entries, steps: int, c
             del model
         rows += [{"impl": arm.impl, "arm": arm.name, "N": arm.crop, "activation": arm.activation, "seed": seed,
                   "budget": budget, "step": checkpoint.step, **r} for r in scored[checkpoint.step]]
-    result = {"summary": {**summary, "wall_minutes": (time.monotonic() - began) / 60, "device": card(device)},
+    now = time.monotonic()
+    result = {"summary": {**summary, "wall_minutes": (now - began) / 60, "score_minutes": (now - scoring_began) / 60,
+                          "device": card(device)},
               "rows": rows}
     write_json(result, run_dir / "arm.json")
     for checkpoints in (run_dir / "checkpoints", run_dir / "start" / "checkpoints"):
@@ -231,6 +236,7 @@ def baselines(cfg, seed: int, entries, score: dict, device, path: Path) -> list[
     scored on every entry; cached in ``path``."""
     if path.is_file():
         return json.loads(path.read_text())["rows"]
+    began = time.monotonic()
     from accelerate.utils import set_seed
     from mini_of3.model import build_model
     set_seed(seed)                                              # as the trainer does before building the model
@@ -241,6 +247,7 @@ def baselines(cfg, seed: int, entries, score: dict, device, path: Path) -> list[
              for r in score_random_chains(entries, seed, device)]
     del model
     write_json({"rows": rows}, path)
+    say(f"seed {seed}: baselines scored in {(time.monotonic() - began) / 60:.1f} min")
     return rows
 
 
@@ -313,7 +320,9 @@ def main(argv: list[str] | None = None) -> None:
                         "again to go on")
     parser.add_argument("--only", default=None, help="comma-separated arms (e.g. crop384,finetune384to768) to train "
                         "in this command, the others left for another (after --calibrate, so that processes may "
-                        "train side by side); the result is written once every arm has finished")
+                        "train side by side), and 'baselines' to score each seed's untrained model and random chain "
+                        "here (else the command without --only does); the result is written once every arm has "
+                        "finished")
     parser.add_argument("--calibrate", action="store_true", help="time every kind of step alone on this device "
                         "(<folder>/step_costs.json: the equal-time clock), then stop; run it with the GPU to itself")
     parser.add_argument("--calibration-steps", type=int, default=CALIBRATION_STEPS, help="steps per kind of step "
@@ -347,9 +356,11 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         raise SystemExit(str(err)) from None
     names = [a.name for a in arms]
-    only = names if args.only is None else parse_list(args.only, "--only", str, f"arms ({', '.join(names)})")
-    if unknown := [a for a in only if a not in names]:
-        raise SystemExit(f"--only: {', '.join(unknown)} is not an arm of this ablation ({', '.join(names)})")
+    only = [*names, BASELINES] if args.only is None else parse_list(args.only, "--only", str,
+                                                                     f"arms ({', '.join(names)})")
+    if unknown := [a for a in only if a not in (*names, BASELINES)]:
+        raise SystemExit(f"--only: {', '.join(unknown)} is not an arm of this ablation ({', '.join(names)}) "
+                         f"nor {BASELINES}")
     cfg, prepared = prepare_once(cfg)
     steps = args.steps or cfg.trainer.max_steps
     if steps < 1:
@@ -394,7 +405,7 @@ def main(argv: list[str] | None = None) -> None:
 
     budget_s = cost.arm_seconds(arms[0], steps, steps, costs)      # the first arm's GPU time: the equal-time budget
     for seed in seeds:
-        if arms[0].name in only:           # processes training other arms beside it leave the baselines to it
+        if BASELINES in only:
             baseline_rows(seed)
         for arm in arms:
             run_dir = planning.arm_folder(folder, seed, arm)
@@ -412,7 +423,7 @@ def main(argv: list[str] | None = None) -> None:
                 s = result["summary"]
                 say(f"seed {seed} {arm.name}: {s['step']} steps, {s['gpu_minutes']:.1f} GPU min as run "
                     f"({s['gpu_minutes_alone']:.1f} alone), median step {s['step_s']:.3f} s, "
-                    f"{s['wall_minutes']:.1f} min trained and scored")
+                    f"{s['wall_minutes']:.1f} min trained and scored ({s['score_minutes']:.1f} scoring)")
             rows += [result["summary"], *result["rows"]]
     if left:
         say(f"{len(left)} of {len(arms) * len(seeds)} arms not trained yet ({', '.join(left)}): the result is "

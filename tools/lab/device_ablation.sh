@@ -7,7 +7,9 @@
 # Once every arm of every seed has finished, `python -m mini_of3.ablate crops` with the same arguments and no --only
 # (any machine) writes the result.
 #   run: source tools/lab/device_env.sh && SEEDS=0 ARMS="crop256 crop768" STEPS=2000 LIMIT=560 \
-#        bash tools/lab/device_ablation.sh          (MPS=1: through NVIDIA's multi-process service)
+#        bash tools/lab/device_ablation.sh
+# LIMIT: seconds from the start of this script to the end of every python process (the calibration's included).
+# MPS=1: through NVIDIA's multi-process service; where it cannot start, ARMS_WITHOUT_MPS (default ARMS) train instead.
 FOLDER=.device/ablation/${NAME:-crops}
 LOGS=.device/ablation/logs
 ARMS=${ARMS:-crop256 crop384 crop512 crop768 finetune384to768}
@@ -18,20 +20,27 @@ export OMP_NUM_THREADS=$(( 15 / n > 0 ? 15 / n : 1 ))   # one process per arm on
 if [ "${MPS:-0}" = 1 ]; then                # kernels of the processes run concurrently instead of in time slices
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
   mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-  nvidia-cuda-mps-control -d && echo "MPS on" || { echo "MPS could not start: time slices"; unset CUDA_MPS_PIPE_DIRECTORY; }
+  if nvidia-cuda-mps-control -d; then echo "MPS on"; else
+    echo "MPS could not start: time slices, arms ${ARMS_WITHOUT_MPS:-$ARMS}"
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    ARMS=${ARMS_WITHOUT_MPS:-$ARMS}
+  fi
 fi
+left() { echo $(( ${LIMIT:-560} - SECONDS > 1 ? ${LIMIT:-560} - SECONDS : 1 )); }   # seconds to the call's end
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 5 > $OUT/gpu_util.csv 2>/dev/null &
 monitor=$!
 if [ ! -f $FOLDER/step_costs.json ]; then   # every kind of step timed alone first: the equal-time clock
-  timeout -s TERM -k 30 ${LIMIT:-560} python3 -m mini_of3.ablate crops configs/ablation.yaml --seeds ${SEEDS%% *} \
+  timeout -s TERM -k 20 $(left) python3 -m mini_of3.ablate crops configs/ablation.yaml --seeds ${SEEDS%% *} \
     --steps ${STEPS:-2000} --calibrate data.root=.device/data/cache data.cache_dir=.device/data/cache \
     trainer.out_dir=$FOLDER > $LOGS/calibration.log 2>&1
   grep "^ablate: calibration" $LOGS/calibration.log
+  echo "calibrated at ${SECONDS} s"
 fi
 pids=""
 for seed in $SEEDS; do
-  for arm in $ARMS; do
-    timeout -s TERM -k 30 ${LIMIT:-560} python3 -m mini_of3.ablate crops configs/ablation.yaml --seeds $seed \
+  for arm in baselines $ARMS; do
+    [ $arm = baselines ] && [ -f $FOLDER/seed$seed/baselines.json ] && continue
+    timeout -s TERM -k 20 $(left) python3 -m mini_of3.ablate crops configs/ablation.yaml --seeds $seed \
       --only $arm --steps ${STEPS:-2000} data.root=.device/data/cache data.cache_dir=.device/data/cache \
       trainer.out_dir=$FOLDER > $LOGS/seed${seed}_$arm.log 2>&1 &
     pids="$pids $!"
@@ -41,7 +50,8 @@ wait $pids
 kill $monitor 2>/dev/null
 [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control
 tar czf $OUT/ablation_arms.tgz --exclude=checkpoints -C .device/ablation .
-for seed in $SEEDS; do for arm in $ARMS; do
+for seed in $SEEDS; do for arm in baselines $ARMS; do
+  [ -f $LOGS/seed${seed}_$arm.log ] || continue
   echo "== seed $seed $arm"; tr '\r' '\n' < $LOGS/seed${seed}_$arm.log | grep "^ablate:\|Error\|step/s" | tail -3
 done; done
 python3 - <<'PY'
@@ -49,7 +59,8 @@ import json, os, pathlib
 for p in sorted(pathlib.Path(".device/ablation").glob("*/seed*/*/arm.json")):
     s = json.loads(p.read_text())["summary"]
     print(f"{p.parent.parent.name:6s} {s['arm']:18s} steps {s['step']:5d} step {s['step_s']:.3f} s  "
-          f"gpu {s['gpu_minutes']:.1f} min  wall {s.get('wall_minutes', 0):.1f} min  peak {s['peak_mib'] or 0:.0f} MiB "
+          f"gpu {s['gpu_minutes']:.1f} min  wall {s.get('wall_minutes', 0):.1f} min  "
+          f"score {s.get('score_minutes', 0):.1f} min  peak {s['peak_mib'] or 0:.0f} MiB "
           f"{s.get('device', '')}")
 util = [float(l.split(",")[1].strip(" %")) for l in open(pathlib.Path(os.environ["OUT"]) / "gpu_util.csv")
         if l.count(",") >= 2]
