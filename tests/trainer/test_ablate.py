@@ -159,7 +159,7 @@ def test_hours_stops_before_an_arm_that_took_longer_in_another_seed(tmp_path):
 
 def test_two_processes_train_the_arms_of_one_seed_side_by_side(small_data, tmp_path, capsys):
     """What tools/lab/device_ablation.sh does on the GPU: every kind of step timed alone first, then one process per
-    arm; without the calibration, --only is one clear line."""
+    arm and one for the baselines; without the calibration, --only is one clear line."""
     prepared, val_id = small_data
     folder = tmp_path / "ablation"
     argv = ["crops", "configs/default.yaml", "--crops", "16,24", "--schedule", "none", "--seeds", "0", "--steps", "2",
@@ -173,9 +173,13 @@ def test_two_processes_train_the_arms_of_one_seed_side_by_side(small_data, tmp_p
     beside = subprocess.Popen([sys.executable, "-m", "mini_of3.ablate", *argv, "--only", "crop24"], cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ablate.main([*argv, "--only", "crop16"])
+    assert not (folder / "seed0" / "baselines.json").exists()                # left to their own process
     output, _ = beside.communicate(timeout=300)
     assert beside.returncode == 0, output
     assert all((folder / "seed0" / arm / "arm.json").is_file() for arm in ("crop16", "crop24"))
+    ablate.main([*argv, "--only", "baselines"])
+    baselines = json.loads((folder / "seed0" / "baselines.json").read_text())["rows"]
+    assert {r["impl"] for r in baselines} == {"untrained", "random_chain"}
     capsys.readouterr()
     ablate.main(argv)                                                         # both finished: the result
     assert "finished before, skipped" in capsys.readouterr().err
@@ -232,7 +236,7 @@ def test_a_random_compact_chain_has_chain_geometry_and_a_protein_s_size():
     (["crops", "--score-samples", "0"], "--score-samples and --score-steps must be >= 1"),
     (["crops", "--hours", "0"], "--hours must be > 0, got 0.0"),
     (["crops", "--only", "crop999"], "--only: crop999 is not an arm of this ablation (crop256, crop384, crop512, "
-                                     "crop768, finetune384to768)"),
+                                     "crop768, finetune384to768) nor baselines"),
     (["crops", "configs/nope.yaml"], "config 'configs/nope.yaml' not found"),
     (["crops", "configs/default.yaml", "stray"], "unexpected argument 'stray'"),
     (["crops", "seed=3"], "seed: set by the ablation"),
