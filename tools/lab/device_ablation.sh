@@ -1,4 +1,5 @@
 # One device call of the crop ablation (issue 39): the ARMS of each of SEEDS at once, one process per arm and seed
+# and one per seed for its baselines (until scored),
 # sharing the GPU (a step of the ablation model alone leaves an H100 75 % idle), resuming the ablation folder carried
 # in .device/ablation (the arm.json and log of every finished arm). The first call times every kind of step alone
 # first (--calibrate: step_costs.json, the equal-time clock), so any arms may share any call; a call must finish
@@ -8,24 +9,29 @@
 # (any machine) writes the result.
 #   run: source tools/lab/device_env.sh && SEEDS=0 ARMS="crop256 crop768" STEPS=2000 LIMIT=560 \
 #        bash tools/lab/device_ablation.sh
-# LIMIT: seconds from the start of this script to the end of every python process (the calibration's included).
-# MPS=1: through NVIDIA's multi-process service; where it cannot start, ARMS_WITHOUT_MPS (default ARMS) train instead.
+# RUNS="0:finetune384to768 1:crop256" names seed:arm pairs instead of SEEDS x ARMS. LIMIT: seconds from the start of
+# this script to the end of every python process (the calibration's included). MPS=1: through NVIDIA's
+# multi-process service; where it cannot start, RUNS_WITHOUT_MPS or SEEDS x ARMS_WITHOUT_MPS train instead.
 FOLDER=.device/ablation/${NAME:-crops}
 LOGS=.device/ablation/logs
 ARMS=${ARMS:-crop256 crop384 crop512 crop768 finetune384to768}
 SEEDS=${SEEDS:-0}
+runs() { for seed in $SEEDS; do for arm in $1; do echo -n "$seed:$arm "; done; done; }
+RUNS=${RUNS:-$(runs "$ARMS")}
 mkdir -p $FOLDER $LOGS
-n=$(( $(echo $ARMS | wc -w) * $(echo $SEEDS | wc -w) ))
-export OMP_NUM_THREADS=$(( 15 / n > 0 ? 15 / n : 1 ))   # one process per arm on 16 cores: no oversubscribed CPU ops
 if [ "${MPS:-0}" = 1 ]; then                # kernels of the processes run concurrently instead of in time slices
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
   mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
   if nvidia-cuda-mps-control -d; then echo "MPS on"; else
-    echo "MPS could not start: time slices, arms ${ARMS_WITHOUT_MPS:-$ARMS}"
     unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-    ARMS=${ARMS_WITHOUT_MPS:-$ARMS}
+    [ -n "${ARMS_WITHOUT_MPS:-}" ] && RUNS=$(runs "$ARMS_WITHOUT_MPS")
+    RUNS=${RUNS_WITHOUT_MPS:-$RUNS}
+    echo "MPS could not start: time slices, runs $RUNS"
   fi
 fi
+SEEDS=$(for run in $RUNS; do echo ${run%%:*}; done | sort -un | tr '\n' ' ')
+n=$(( $(echo $RUNS | wc -w) + $(echo $SEEDS | wc -w) ))
+export OMP_NUM_THREADS=$(( 15 / n > 0 ? 15 / n : 1 ))   # a process per run on 16 cores: no oversubscribed CPU ops
 left() { echo $(( ${LIMIT:-560} - SECONDS > 1 ? ${LIMIT:-560} - SECONDS : 1 )); }   # seconds to the call's end
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 5 > $OUT/gpu_util.csv 2>/dev/null &
 monitor=$!
@@ -37,23 +43,23 @@ if [ ! -f $FOLDER/step_costs.json ]; then   # every kind of step timed alone fir
   echo "calibrated at ${SECONDS} s"
 fi
 pids=""
-for seed in $SEEDS; do
-  for arm in baselines $ARMS; do
+for run in $(for seed in $SEEDS; do echo $seed:baselines; done) $RUNS; do
+    seed=${run%%:*} arm=${run#*:}
     [ $arm = baselines ] && [ -f $FOLDER/seed$seed/baselines.json ] && continue
     timeout -s TERM -k 20 $(left) python3 -m mini_of3.ablate crops configs/ablation.yaml --seeds $seed \
       --only $arm --steps ${STEPS:-2000} data.root=.device/data/cache data.cache_dir=.device/data/cache \
       trainer.out_dir=$FOLDER > $LOGS/seed${seed}_$arm.log 2>&1 &
     pids="$pids $!"
-  done
 done
 wait $pids
 kill $monitor 2>/dev/null
 [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control
 tar czf $OUT/ablation_arms.tgz --exclude=checkpoints -C .device/ablation .
-for seed in $SEEDS; do for arm in baselines $ARMS; do
+for run in $(for seed in $SEEDS; do echo $seed:baselines; done) $RUNS; do
+  seed=${run%%:*} arm=${run#*:}
   [ -f $LOGS/seed${seed}_$arm.log ] || continue
   echo "== seed $seed $arm"; tr '\r' '\n' < $LOGS/seed${seed}_$arm.log | grep "^ablate:\|Error\|step/s" | tail -3
-done; done
+done
 python3 - <<'PY'
 import json, os, pathlib
 for p in sorted(pathlib.Path(".device/ablation").glob("*/seed*/*/arm.json")):
