@@ -215,7 +215,7 @@ def calibrate(kinds: list[tuple[int, str]], calibration_steps: int, seed: int, d
     ``seed`` (the same entries for every kind) in a scratch run, removed after; write ``<folder>/step_costs.json``
     (the mean step seconds after :data:`cost.WARMUP` steps, per kind, and the device)."""
     from mini_of3.training.runlog import read_log
-    costs = {}
+    costs, times = {}, {}
     for crop, act in kinds:
         name = cost.kind(crop, act)
         run_dir = folder / "calibration" / name
@@ -223,12 +223,13 @@ def calibrate(kinds: list[tuple[int, str]], calibration_steps: int, seed: int, d
         keys = {"seed": seed, "data.crop_size": crop, "model.tri_attn_activation": act, "trainer.out_dir": run_dir,
                 "trainer.checkpoint_every": 10 ** 9, "trainer.val_every": 10 ** 9}   # validated at start and end only
         train_run(config, common, [f"{k}={v}" for k, v in keys.items()], prepared, calibration_steps)
-        times = [r["step_s"] for r in read_log(run_dir / "log.jsonl") if r.get("split") == "train"]
-        costs[name] = cost.mean_step_seconds(times)
-        say(f"calibration: {name} {costs[name]:.3f} s a step alone (mean of {max(len(times) - cost.WARMUP, 1)})")
+        times[name] = [r["step_s"] for r in read_log(run_dir / "log.jsonl") if r.get("split") == "train"]
+        costs[name] = cost.mean_step_seconds(times[name])
+        say(f"calibration: {name} {costs[name]:.3f} s a step alone (of {len(times[name])} steps, the first "
+            f"{cost.WARMUP} and those above {cost.SPIKE:g}x the median left out)")
     shutil.rmtree(folder / "calibration", ignore_errors=True)
-    write_json({"device": card(device), "steps": calibration_steps, "warmup": cost.WARMUP, "step_s": costs},
-               folder / COSTS)
+    write_json({"device": card(device), "steps": calibration_steps, "warmup": cost.WARMUP, "spike": cost.SPIKE,
+                "step_s": costs, "step_times": times}, folder / COSTS)
 
 
 def baselines(cfg, seed: int, entries, score: dict, device, path: Path) -> list[dict]:

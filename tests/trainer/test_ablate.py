@@ -62,6 +62,7 @@ def test_arms_train_from_each_seed_and_are_scored_whole_with_paired_intervals(sm
     costs = json.loads((folder / "step_costs.json").read_text())
     assert set(costs["step_s"]) == {"crop16_softmax", "crop24_softmax"} and costs["device"] == "cpu"
     assert all(c > 0 for c in costs["step_s"].values()) and not (folder / "calibration").exists()
+    assert {k: len(v) for k, v in costs["step_times"].items()} == {"crop16_softmax": 2, "crop24_softmax": 2}
     for scored in ("crop16", "finetune16to24", "finetune16to24/start"):                # checkpoints removed
         assert (folder / "seed0" / scored / "log.jsonl").is_file()
         assert not (folder / "seed0" / scored / "checkpoints").exists()
@@ -202,6 +203,8 @@ def test_equal_gpu_time_counts_each_kind_of_step_at_its_cost_alone():
     assert cost.equal_time_step(crop768, [600, 700], 1000, costs, budget) == 600     # none within: the first
     assert cost.mean_step_seconds([9.0] * cost.WARMUP + [1.0, 2.0]) == 1.5           # compiling steps left out
     assert cost.mean_step_seconds([3.0]) == 3.0
+    spiked = [0.2] * 9 + [12.0]                        # a kernel autotuned for a size first met at the tenth step
+    assert cost.mean_step_seconds([9.0] * cost.WARMUP + spiked) == pytest.approx(0.2)
 
 
 def test_paired_differences_and_their_bootstrap_interval():
