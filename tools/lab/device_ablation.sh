@@ -9,6 +9,10 @@
 # (any machine) writes the result.
 #   run: source tools/lab/device_env.sh && SEEDS=0 ARMS="crop256 crop768" STEPS=2000 LIMIT=560 \
 #        bash tools/lab/device_ablation.sh
+# Triton's compile and autotune cache travels: .device/triton_cache/triton_cache.part-* (carried) is unpacked into
+# the call's TRITON_CACHE_DIR, and a call that did not carry one returns its cache as $OUT/triton_cache.part-*
+# (15 MiB each; copy them into .device/triton_cache/): on a fresh machine the first process otherwise spends
+# minutes compiling.
 # RUNS="0:finetune384to768 1:crop256" names seed:arm pairs instead of SEEDS x ARMS. LIMIT: seconds from the start of
 # this script to the end of every python process (the calibration's included). MPS=1: through NVIDIA's
 # multi-process service; where it cannot start, RUNS_WITHOUT_MPS or SEEDS x ARMS_WITHOUT_MPS train instead.
@@ -19,6 +23,13 @@ SEEDS=${SEEDS:-0}
 runs() { for seed in $SEEDS; do for arm in $1; do echo -n "$seed:$arm "; done; done; }
 RUNS=${RUNS:-$(runs "$ARMS")}
 mkdir -p $FOLDER $LOGS
+export TRITON_CACHE_DIR=/tmp/triton_cache
+mkdir -p $TRITON_CACHE_DIR
+carried_cache=0
+if ls .device/triton_cache/triton_cache.part-* >/dev/null 2>&1; then
+  cat .device/triton_cache/triton_cache.part-* | tar xzf - -C $TRITON_CACHE_DIR && carried_cache=1
+  echo "Triton cache carried: $(du -sh $TRITON_CACHE_DIR | cut -f1)"
+fi
 if [ "${MPS:-0}" = 1 ]; then                # kernels of the processes run concurrently instead of in time slices
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
   mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
@@ -55,6 +66,10 @@ wait $pids
 kill $monitor 2>/dev/null
 [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control
 tar czf $OUT/ablation_arms.tgz --exclude=checkpoints -C .device/ablation .
+if [ $carried_cache = 0 ]; then
+  tar czf - -C $TRITON_CACHE_DIR . | split -b 15m - $OUT/triton_cache.part-
+  echo "Triton cache returned: $(du -sh $TRITON_CACHE_DIR | cut -f1) in $(ls $OUT/triton_cache.part-* | wc -l) parts"
+fi
 for run in $(for seed in $SEEDS; do echo $seed:baselines; done) $RUNS; do
   seed=${run%%:*} arm=${run#*:}
   [ -f $LOGS/seed${seed}_$arm.log ] || continue
