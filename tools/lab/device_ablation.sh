@@ -7,14 +7,15 @@
 # the folder, checkpoints left out, as $OUT/ablation_arms.tgz: unpack it into .device/ablation for the next call.
 # Once every arm of every seed has finished, `python -m mini_of3.ablate crops` with the same arguments and no --only
 # (any machine) writes the result.
-#   run: source tools/lab/device_env.sh && SEEDS=0 ARMS="crop256 crop768" STEPS=2000 LIMIT=560 \
+#   run: source tools/lab/device_env.sh && SEEDS=0 ARMS="crop256 crop768" STEPS=2000 LIMIT=580 \
 #        bash tools/lab/device_ablation.sh
 # Triton's compile and autotune cache travels: .device/triton_cache/triton_cache.part-* (carried) is unpacked into
 # the call's TRITON_CACHE_DIR, and a call that did not carry one returns its cache as $OUT/triton_cache.part-*
 # (15 MiB each; copy them into .device/triton_cache/): on a fresh machine the first process otherwise spends
 # minutes compiling.
-# RUNS="0:finetune384to768 1:crop256" names seed:arm pairs instead of SEEDS x ARMS. LIMIT: seconds from the start of
-# this script to the end of every python process (the calibration's included). MPS=1: through NVIDIA's
+# RUNS="0:finetune384to768 1:crop256" names seed:arm pairs instead of SEEDS x ARMS (RUNS="1:baselines": only
+# those). LIMIT: seconds from the start of this script to the end of every python process (the calibration's
+# included). MPS=1: through NVIDIA's
 # multi-process service; where it cannot start, RUNS_WITHOUT_MPS or SEEDS x ARMS_WITHOUT_MPS train instead.
 FOLDER=.device/ablation/${NAME:-crops}
 LOGS=.device/ablation/logs
@@ -41,10 +42,12 @@ if [ "${MPS:-0}" = 1 ]; then                # kernels of the processes run concu
   fi
 fi
 SEEDS=$(for run in $RUNS; do echo ${run%%:*}; done | sort -un | tr '\n' ' ')
-n=$(( $(echo $RUNS | wc -w) + $(echo $SEEDS | wc -w) ))
+ALL=$( (for seed in $SEEDS; do echo $seed:baselines; done; for run in $RUNS; do echo $run; done) | awk '!seen[$0]++')
+n=$(echo $ALL | wc -w)
 export OMP_NUM_THREADS=$(( 15 / n > 0 ? 15 / n : 1 ))   # a process per run on 16 cores: no oversubscribed CPU ops
-left() { echo $(( ${LIMIT:-560} - SECONDS > 1 ? ${LIMIT:-560} - SECONDS : 1 )); }   # seconds to the call's end
-nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 5 > $OUT/gpu_util.csv 2>/dev/null &
+left() { echo $(( ${LIMIT:-580} - SECONDS > 1 ? ${LIMIT:-580} - SECONDS : 1 )); }   # seconds to the call's end
+nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 5 > $OUT/gpu_util.csv \
+  2>/dev/null &
 monitor=$!
 if [ ! -f $FOLDER/step_costs.json ]; then   # every kind of step timed alone first: the equal-time clock
   timeout -s TERM -k 20 $(left) python3 -m mini_of3.ablate crops configs/ablation.yaml --seeds ${SEEDS%% *} \
@@ -54,7 +57,7 @@ if [ ! -f $FOLDER/step_costs.json ]; then   # every kind of step timed alone fir
   echo "calibrated at ${SECONDS} s"
 fi
 pids=""
-for run in $(for seed in $SEEDS; do echo $seed:baselines; done) $RUNS; do
+for run in $ALL; do
     seed=${run%%:*} arm=${run#*:}
     [ $arm = baselines ] && [ -f $FOLDER/seed$seed/baselines.json ] && continue
     timeout -s TERM -k 20 $(left) python3 -m mini_of3.ablate crops configs/ablation.yaml --seeds $seed \
@@ -70,7 +73,7 @@ if [ $carried_cache = 0 ]; then
   tar czf - -C $TRITON_CACHE_DIR . | split -b 15m - $OUT/triton_cache.part-
   echo "Triton cache returned: $(du -sh $TRITON_CACHE_DIR | cut -f1) in $(ls $OUT/triton_cache.part-* | wc -l) parts"
 fi
-for run in $(for seed in $SEEDS; do echo $seed:baselines; done) $RUNS; do
+for run in $ALL; do
   seed=${run%%:*} arm=${run#*:}
   [ -f $LOGS/seed${seed}_$arm.log ] || continue
   echo "== seed $seed $arm"; tr '\r' '\n' < $LOGS/seed${seed}_$arm.log | grep "^ablate:\|Error\|step/s" | tail -3
