@@ -26,12 +26,12 @@ run_step() {   # NAME LIMIT COMMAND...: run under min(LIMIT, time left), log to 
 [[ ,$steps, == *,step,* ]] && run_step step 220 python3 -m mini_of3.bench step configs/crop768.yaml \
   --data .device/data/cache --crops 768 --arms mini_of3+mini_of3,cueq+cueq --rounds 4 --warmup 2 --out $OUT \
   --tag crop768_$MINI_OF3_COMMIT
-[[ ,$steps, == *,tanh,* ]] && run_step tanh 200 python3 -m mini_of3.bench sigmoid \
-  --shapes ${MINI_OF3_SIGMOID_SHAPES:-b1t16384d128,b4t4096d64} --out $OUT --tag tanh_$MINI_OF3_COMMIT
-[[ ,$steps, == *,padstep,* ]] && run_step padstep 120 python3 -m mini_of3.bench step configs/crop768.yaml \
-  --data .device/data/cache --crops 320,768 --entry 6W13 --pad --arms mini_of3+mini_of3 --rounds 4 --warmup 2 \
+[[ ,$steps, == *,tanh,* ]] && run_step tanh 240 python3 -m mini_of3.bench sigmoid \
+  --shapes ${MINI_OF3_SIGMOID_SHAPES:-b4t4096d128,b1t16384d64,varlen16d128} --out $OUT --tag tanh_$MINI_OF3_COMMIT
+[[ ,$steps, == *,padstep,* ]] && run_step padstep 200 python3 -m mini_of3.bench step configs/crop768.yaml \
+  --data .device/data/cache --crops 320,768 --entry 6W13 --pad --arms mini_of3+mini_of3 --rounds 2 --warmup 1 \
   --profile-crops 320,768 --out $OUT --tag padded6w13_$MINI_OF3_COMMIT
-[[ ,$steps, == *,gluon,* ]] && run_step gluon 60 python3 tools/lab/gluon_tri_attn_fwd.py
+[[ ,$steps, == *,gluon,* ]] && run_step gluon 150 python3 tools/lab/gluon_tri_attn_fwd.py
 for name in padded step tanh padstep gluon; do
   [ -f $OUT/$name.log ] && { echo "== $name"; grep -v -i 'warn' $OUT/$name.log | tail -12; }
 done
