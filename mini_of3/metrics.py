@@ -106,7 +106,9 @@ def _tm_score_one(x: torch.Tensor, y: torch.Tensor, n_iter: int = 20) -> torch.T
 
     The superposition search of the TM-score program (Zhang & Skolnick 2004): seed superpositions on every
     fragment of length L, L/2, L/4, ... (down to 4), then repeat: superpose on the residues within d0_search + 1
-    of the target, re-select; keep the best score seen.
+    of the target, re-select; keep the best score seen. Each seed's search is independent of the others', so the
+    seeds of every fragment length run as the rows of one batch: 1 + n_iter rounds of launches, not that many per
+    fragment length.
     """
     length = y.shape[0]
     if length == 0:
@@ -121,16 +123,16 @@ def _tm_score_one(x: torch.Tensor, y: torch.Tensor, n_iter: int = 20) -> torch.T
             break
     else:
         fragment_lengths.append(l_min)
-    best = torch.zeros((), dtype=torch.float64, device=y.device)
     index = torch.arange(length, device=y.device)
-    for frag in fragment_lengths:
-        starts = torch.arange(length - frag + 1, device=y.device)[:, None]
-        sel = (index >= starts) & (index < starts + frag)                           # [F, L]
-        tm, sel = _tm_round(x, y, sel, d0, d0_search - 1)
+    starts = torch.cat([torch.arange(length - frag + 1, device=y.device) for frag in fragment_lengths])[:, None]
+    ends = starts + torch.cat([torch.full((length - frag + 1,), frag, device=y.device) for frag in fragment_lengths
+                               ])[:, None]
+    sel = (index >= starts) & (index < ends)                                     # [F, L]: every seed fragment
+    tm, sel = _tm_round(x, y, sel, d0, d0_search - 1)
+    best = tm.max()
+    for _ in range(n_iter):
+        tm, sel = _tm_round(x, y, sel, d0, d0_search + 1)
         best = torch.maximum(best, tm.max())
-        for _ in range(n_iter):
-            tm, sel = _tm_round(x, y, sel, d0, d0_search + 1)
-            best = torch.maximum(best, tm.max())
     return best.cpu()
 
 
