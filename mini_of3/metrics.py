@@ -75,44 +75,48 @@ def tm_d0(length: int) -> float:
 
 
 def _tm_round(x, y, sel, d0, d_cut):
-    """Superpose x on y on each row's selection, score it, and select the residues closer than d_cut for the next
-    round; d_cut grows by 0.5 A until at least 3 are selected (as the TM-score program's score_fun).
+    """Superpose each structure of x on y on each row's selection, score it, and select the residues closer than
+    d_cut for the next round; d_cut grows by 0.5 A until at least 3 are selected (as the TM-score program's
+    score_fun).
 
-    x, y: [L, 3]; sel: [F, L] bool, F selections at once. Moments and distances are matrix products over L, so no
-    [F, L, 3] tensor is made (the search runs thousands of superpositions).
+    x: [S, L, 3], S structures searched at once; y: [L, 3]; sel: [S, F, L] bool, F selections per structure.
+    Moments and distances are matrix products over L, so no [S, F, L, 3] tensor is made (the search runs thousands
+    of superpositions).
     """
-    w = sel.double()                                                            # [F, L]
-    w_sum = w.sum(-1, keepdim=True).clamp(min=1e-12)
-    x_c, y_c = (w @ x) / w_sum, (w @ y) / w_sum                                 # [F, 3]
-    moments = (w @ (x[:, :, None] * y[:, None, :]).flatten(1)).view(-1, 3, 3)  # sum_l w x_l y_l^T
-    r = rotation_from_covariance(moments - w_sum[:, :, None] * x_c[:, :, None] * y_c[:, None, :])
-    t = y_c - (r @ x_c[:, :, None])[..., 0]                                     # [F, 3]
+    w = sel.double()                                                            # [S, F, L]
+    w_sum = w.sum(-1, keepdim=True).clamp(min=1e-12)                            # [S, F, 1]
+    x_c, y_c = (w @ x) / w_sum, (w @ y) / w_sum                                 # [S, F, 3]
+    moments = (w @ (x[..., :, None] * y[:, None, :]).flatten(-2)).unflatten(-1, (3, 3))  # sum_l w x_l y_l^T
+    r = rotation_from_covariance(moments - w_sum[..., None] * x_c[..., :, None] * y_c[..., None, :])
+    t = y_c - (r @ x_c[..., None])[..., 0]                                      # [S, F, 3]
     # |R x_l + t - y_l|^2 expanded into products over the 3 coordinates
-    sq = ((x * x).sum(-1) + (y * y).sum(-1))[None] + (t * t).sum(-1, keepdim=True) \
-        + 2 * (r.transpose(-1, -2) @ t[:, :, None])[..., 0] @ x.T \
-        - 2 * r.flatten(1) @ (y[:, :, None] * x[:, None, :]).flatten(1).T - 2 * t @ y.T
-    dist = sq.clamp(min=0).sqrt()                                               # [F, L]
+    y_x = (y[:, :, None] * x[..., :, None, :]).flatten(-2)                      # [S, L, 9]: y_i x_j
+    sq = ((x * x).sum(-1) + (y * y).sum(-1))[:, None, :] + (t * t).sum(-1, keepdim=True) \
+        + 2 * (r.transpose(-1, -2) @ t[..., None])[..., 0] @ x.transpose(-1, -2) \
+        - 2 * r.flatten(-2) @ y_x.transpose(-1, -2) - 2 * t @ y.T
+    dist = sq.clamp(min=0).sqrt()                                               # [S, F, L]
     tm = (1.0 / (1.0 + (dist / d0) ** 2)).sum(-1)
     length = y.shape[0]
     if length > 3:
-        third = dist.topk(3, dim=-1, largest=False).values[:, 2]                  # [F]
+        third = dist.topk(3, dim=-1, largest=False).values[..., 2]              # [S, F]
         steps = torch.where(third >= d_cut, torch.floor((third - d_cut) / 0.5) + 1, torch.zeros_like(third))
-        d_cut = d_cut + 0.5 * steps[:, None]
+        d_cut = d_cut + 0.5 * steps[..., None]
     return tm / length, dist < d_cut
 
 
-def _tm_score_one(x: torch.Tensor, y: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
-    """Sequence-dependent TM-score of x against y ([L, 3] float64, residue i of x matches residue i of y).
+def _tm_scores_one(x: torch.Tensor, y: torch.Tensor, n_iter: int = 20) -> torch.Tensor:
+    """Sequence-dependent TM-scores [S] of the structures x [S, L, 3] against y [L, 3] (float64, residue i of x
+    matches residue i of y).
 
     The superposition search of the TM-score program (Zhang & Skolnick 2004): seed superpositions on every
     fragment of length L, L/2, L/4, ... (down to 4), then repeat: superpose on the residues within d0_search + 1
     of the target, re-select; keep the best score seen. Each seed's search is independent of the others', so the
-    seeds of every fragment length run as the rows of one batch: 1 + n_iter rounds of launches, not that many per
-    fragment length.
+    seeds of every fragment length, and the S structures, run as the rows of one batch: 1 + n_iter rounds of
+    launches in all.
     """
     length = y.shape[0]
     if length == 0:
-        return torch.tensor(float("nan"), dtype=torch.float64)
+        return torch.full((x.shape[0],), float("nan"), dtype=torch.float64)
     d0 = tm_d0(length)
     d0_search = min(max(d0, 4.5), 8.0)
     l_min = min(length, 4)
@@ -127,20 +131,28 @@ def _tm_score_one(x: torch.Tensor, y: torch.Tensor, n_iter: int = 20) -> torch.T
     starts = torch.cat([torch.arange(length - frag + 1, device=y.device) for frag in fragment_lengths])[:, None]
     ends = starts + torch.cat([torch.full((length - frag + 1,), frag, device=y.device) for frag in fragment_lengths
                                ])[:, None]
-    sel = (index >= starts) & (index < ends)                                     # [F, L]: every seed fragment
+    sel = ((index >= starts) & (index < ends)).expand(x.shape[0], -1, -1)      # [S, F, L]: every seed fragment
     tm, sel = _tm_round(x, y, sel, d0, d0_search - 1)
-    best = tm.max()
+    best = tm.amax(-1)
     for _ in range(n_iter):
         tm, sel = _tm_round(x, y, sel, d0, d0_search + 1)
-        best = torch.maximum(best, tm.max())
+        best = torch.maximum(best, tm.amax(-1))
     return best.cpu()
 
 
 def tm_score(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """TM-score of pred against true over the masked tokens, d0 from the true length L = mask.sum()."""
     single, (pred, true, mask) = _as_batch(pred, true, mask)
-    values = torch.stack([_tm_score_one(p[m].double(), t[m].double()).cpu() for p, t, m in zip(pred, true, mask)])
+    values = torch.stack([_tm_scores_one(p[m].double()[None], t[m].double())[0] for p, t, m in zip(pred, true, mask)])
     return values[0] if single else values
+
+
+def tm_score_and_mirror(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
+    """The TM-scores of one structure pred [N, 3] and of its mirror image -pred against true, in one search."""
+    m = mask.bool()
+    both = torch.stack([pred[m], -pred[m]]).double()                            # [2, L, 3]
+    tm, mirror = _tm_scores_one(both, true[m].double()).tolist()
+    return tm, mirror
 
 
 # ---- distogram and contacts -----------------------------------------------------------------------------------
@@ -314,8 +326,7 @@ def structure_metrics(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor
     return {
         "lddt_ca": float(lddt_ca(pred, true, mask)),
         "rmsd": float(rmsd_kabsch(pred, true, mask)),
-        "tm_score": float(tm_score(pred, true, mask)),
-        "tm_score_mirror": float(tm_score(-pred, true, mask)),
+        **dict(zip(("tm_score", "tm_score_mirror"), tm_score_and_mirror(pred, true, mask))),
         "contact_precision": float(contact_precision(contacts_from, cb, cb_mask, asym_id)),
         "distogram_accuracy": float(distogram_accuracy(distogram_logits, cb, cb_mask))
         if distogram_logits is not None else float("nan"),

@@ -10,7 +10,8 @@ import torch
 
 from mini_of3.geometry import superpose
 from mini_of3.metrics import (assign_homomer_chains, contact_precision, distance_bins, distogram_accuracy, lddt_ca,
-                              lddt_ca_per_token, rmsd_kabsch, structure_metrics, tm_d0, tm_score)
+                              lddt_ca_per_token, rmsd_kabsch, structure_metrics, tm_d0, tm_score,
+                              tm_score_and_mirror)
 
 _spec = importlib.util.spec_from_file_location("model_structures", Path(__file__).parent / "model" / "structures.py")
 structures = importlib.util.module_from_spec(_spec)
@@ -217,6 +218,19 @@ def test_tm_score_sees_a_mirror_image_that_lddt_cannot():
     assert mirrored["tm_score"] < 0.5
     same = structure_metrics(true, true, mask, t["asym_id"], t["entity_id"], t["sym_id"])
     assert same["tm_score"] == pytest.approx(1.0) and same["tm_score_mirror"] < 0.5
+
+
+def test_one_search_scores_a_structure_and_its_mirror_image_as_two_searches_do():
+    """tm_score_and_mirror runs both searches as the rows of one batch: the same TM-scores (float64) as tm_score of
+    pred and of -pred, on odd lengths, gaps in the mask and an empty mask."""
+    generator = torch.Generator().manual_seed(3)
+    for length in (0, 3, 4, 11, 37, 90):
+        true = torch.cumsum(torch.randn(length, 3, generator=generator, dtype=torch.float64) * 2.2, 0)
+        pred = true + 2.5 * torch.randn(length, 3, generator=generator, dtype=torch.float64)
+        mask = torch.rand(length, generator=generator) > 0.2
+        both = tm_score_and_mirror(pred, true, mask)
+        apart = (float(tm_score(pred, true, mask)), float(tm_score(-pred, true, mask)))
+        assert both == pytest.approx(apart, abs=1e-12, nan_ok=True)
 
 
 def _svd_rotation(h: torch.Tensor) -> torch.Tensor:
