@@ -27,7 +27,7 @@ def rotation_from_covariance(h: torch.Tensor, squarings: int = 32) -> torch.Tens
     eye = eye + 1e-12 * eye[:, :1] * eye[:1, :]          # ties (h = 0) go to the identity; no host-to-device copy
     a = n + shift[..., None, None] * eye                                        # [..., 4, 4], PSD
     for k in range(squarings):
-        if k % 4 == 0:                  # from Frobenius norm 1 (top eigenvalue >= 1/2), four squarings stay in [2^-16, 1]
+        if k % 4 == 0:              # from Frobenius norm 1 (top eigenvalue >= 1/2) four squarings stay in [2^-16, 1]
             a = a / a.flatten(-2).norm(dim=-1)[..., None, None]
         a = a @ a
     column = torch.diagonal(a, dim1=-2, dim2=-1).argmax(-1)                     # [...]: a ~ q q^T
