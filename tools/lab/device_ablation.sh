@@ -49,6 +49,8 @@ left() { echo $(( ${LIMIT:-580} - SECONDS > 1 ? ${LIMIT:-580} - SECONDS : 1 )); 
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 5 > $OUT/gpu_util.csv \
   2>/dev/null &
 monitor=$!
+python3 -c "import time; t = time.time(); import torch, triton, mini_of3.trainer, mini_of3.ablate; \
+print(f'imports {time.time() - t:.1f} s')"     # a fresh machine's first imports (no .pyc yet), timed alone
 if [ ! -f $FOLDER/step_costs.json ]; then   # every kind of step timed alone first: the equal-time clock
   timeout -s TERM -k 20 $(left) python3 -m mini_of3.ablate crops configs/ablation.yaml --seeds ${SEEDS%% *} \
     --steps ${STEPS:-2000} --calibrate data.root=.device/data/cache data.cache_dir=.device/data/cache \
@@ -66,6 +68,7 @@ for run in $ALL; do
     pids="$pids $!"
 done
 wait $pids
+echo "runs ended at ${SECONDS} s"
 kill $monitor 2>/dev/null
 [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control
 tar czf $OUT/ablation_arms.tgz --exclude=checkpoints -C .device/ablation .
