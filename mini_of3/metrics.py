@@ -69,6 +69,9 @@ def rmsd_kabsch(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor) -> t
 # ---- TM-score -------------------------------------------------------------------------------------------------
 
 
+TM_BATCH_ELEMENTS = 2 ** 25       # [S, F, L] float64 tensors of the TM-score search stay under 256 MB each
+
+
 def tm_d0(length: int) -> float:
     """TM-score's distance scale d0 = 1.24 (L - 15)^(1/3) - 1.8, at least 0.5 (and 0.5 for L <= 21)."""
     return 0.5 if length <= 21 else max(0.5, 1.24 * (length - 15) ** (1 / 3) - 1.8)
@@ -112,7 +115,7 @@ def _tm_scores_one(x: torch.Tensor, y: torch.Tensor, n_iter: int = 20) -> torch.
     fragment of length L, L/2, L/4, ... (down to 4), then repeat: superpose on the residues within d0_search + 1
     of the target, re-select; keep the best score seen. Each seed's search is independent of the others', so the
     seeds of every fragment length, and the S structures, run as the rows of one batch: 1 + n_iter rounds of
-    launches in all.
+    launches in all (per chunk of seeds, above :data:`TM_BATCH_ELEMENTS`: one chunk up to ~2,000 tokens).
     """
     length = y.shape[0]
     if length == 0:
@@ -131,12 +134,16 @@ def _tm_scores_one(x: torch.Tensor, y: torch.Tensor, n_iter: int = 20) -> torch.
     starts = torch.cat([torch.arange(length - frag + 1, device=y.device) for frag in fragment_lengths])[:, None]
     ends = starts + torch.cat([torch.full((length - frag + 1,), frag, device=y.device) for frag in fragment_lengths
                                ])[:, None]
-    sel = ((index >= starts) & (index < ends)).expand(x.shape[0], -1, -1)      # [S, F, L]: every seed fragment
-    tm, sel = _tm_round(x, y, sel, d0, d0_search - 1)
-    best = tm.amax(-1)
-    for _ in range(n_iter):
-        tm, sel = _tm_round(x, y, sel, d0, d0_search + 1)
+    seeds = (index >= starts) & (index < ends)                                  # [F, L]: every seed fragment
+    best = torch.zeros(x.shape[0], dtype=torch.float64, device=y.device)
+    rows = max(1, TM_BATCH_ELEMENTS // (x.shape[0] * length))                  # seeds searched at once
+    for chunk in seeds.split(rows):
+        sel = chunk.expand(x.shape[0], -1, -1)                                  # [S, F', L]
+        tm, sel = _tm_round(x, y, sel, d0, d0_search - 1)
         best = torch.maximum(best, tm.amax(-1))
+        for _ in range(n_iter):
+            tm, sel = _tm_round(x, y, sel, d0, d0_search + 1)
+            best = torch.maximum(best, tm.amax(-1))
     return best.cpu()
 
 

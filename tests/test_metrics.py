@@ -233,6 +233,18 @@ def test_one_search_scores_a_structure_and_its_mirror_image_as_two_searches_do()
         assert both == pytest.approx(apart, abs=1e-12, nan_ok=True)
 
 
+def test_tm_score_searches_its_seeds_in_chunks_alike(monkeypatch):
+    """Above TM_BATCH_ELEMENTS the seed fragments are searched in chunks: the same TM-scores as in one batch."""
+    import mini_of3.metrics as metrics
+    generator = torch.Generator().manual_seed(4)
+    true = torch.cumsum(torch.randn(70, 3, generator=generator, dtype=torch.float64) * 2.2, 0)
+    pred = true + 3.0 * torch.randn(70, 3, generator=generator, dtype=torch.float64)
+    mask = torch.ones(70, dtype=torch.bool)
+    whole = tm_score_and_mirror(pred, true, mask)
+    monkeypatch.setattr(metrics, "TM_BATCH_ELEMENTS", 2 * 70 * 9)                 # chunks of 9 of the 221 seeds
+    assert tm_score_and_mirror(pred, true, mask) == pytest.approx(whole, abs=1e-12)
+
+
 def _svd_rotation(h: torch.Tensor) -> torch.Tensor:
     """Kabsch by SVD, with the reflection fix: the reference for geometry.rotation_from_covariance (float64)."""
     u, _, vh = torch.linalg.svd(h)
