@@ -15,8 +15,8 @@ Each arm trains in ``<folder>/seed<k>/<arm>`` and leaves ``arm.json`` (its score
 then removed; a finished arm is skipped when the command runs again and an interrupted one resumes, so an
 ablation can span several GPU sessions, and arms can train side by side (``--only``, one process each) once
 ``--calibrate`` has timed every kind of step alone (``<folder>/step_costs.json``; a run without ``--only`` does it
-first by itself); ``--only baselines`` scores the baselines beside them (else the run without ``--only`` does). Writes ``<out>/ablation_<kind>[_tag].json`` and ``.png`` (``--out``:
-the ablation folder unless given).
+first by itself); ``--only baselines`` scores the baselines beside them (else the run without ``--only`` does).
+Writes ``<out>/ablation_<kind>[_tag].json`` and ``.png`` (``--out``: the ablation folder unless given).
 
     python -m mini_of3.ablate crops configs/ablation.yaml --seeds 0,1,2 --steps 2000
     python -m mini_of3.ablate crops configs/ablation.yaml --steps 2000 --calibrate      # then --only ARM per process
@@ -183,8 +183,8 @@ def score_arm(arm: planning.Arm, seed: int, folder: Path, entries, steps: int, c
     monotonic clock when its training started in this command; ``score_minutes``: the scoring's share); remove
     the checkpoints."""
     from mini_of3.training.checkpoint import list_checkpoints
-    scoring_began = time.monotonic()
     from mini_of3.training.runlog import read_log
+    scoring_began = time.monotonic()
     run_dir = planning.arm_folder(folder, seed, arm)
     summary = arm_summary(arm, seed, read_log(run_dir / "log.jsonl"), steps, costs)
     budgets = {"steps": list_checkpoints(run_dir)[-1],
