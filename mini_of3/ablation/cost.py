@@ -4,8 +4,9 @@ Arms train side by side on one GPU, or in separate GPU sessions beside other arm
 measures what they shared the GPU with as much as their crop. So before any arm trains, each kind of step (a crop
 and an activation) trains a few steps with the GPU to itself (the real trainer, the same seed, hence the same
 entries for every kind); its mean step time after the first ``WARMUP`` steps, steps longer than ``SPIKE`` times
-the median left out (a kernel compiled or autotuned for a size first met mid-run), is that kind's cost. An arm's GPU time is its steps times its kind's cost (the schedule arm: each part at its own), and
-the equal-time comparison scores every arm at its last checkpoint within the first arm's GPU time.
+the median left out (a kernel compiled or autotuned for a size first met mid-run), is that kind's cost. An arm's
+GPU time is its steps times its kind's cost (the schedule arm: each part at its own), and the equal-time
+comparison scores every arm at its last checkpoint within the first arm's GPU time.
 """
 from __future__ import annotations
 
