@@ -180,11 +180,14 @@ def score_arm(arm: planning.Arm, seed: int, folder: Path, entries, steps: int, c
               budget_s: float, score: dict, device, began: float) -> dict:
     """Score an arm's last checkpoint (equal steps) and its last within ``budget_s`` of GPU time at each kind of
     step's cost alone (equal GPU time); write and return ``arm.json`` (``wall_minutes``: since ``began``, the
-    monotonic clock when its training started in this command; ``score_minutes``: the scoring's share); remove
-    the checkpoints."""
+    monotonic clock when its training started in this command; ``score_minutes``: the scoring's share;
+    ``score_peak_mib``: the GPU memory it reserved at most, what processes beside it must leave); remove the
+    checkpoints."""
     from mini_of3.training.checkpoint import list_checkpoints
     from mini_of3.training.runlog import read_log
     scoring_began = time.monotonic()
+    free_memory()
+    reset_peak(device)
     run_dir = planning.arm_folder(folder, seed, arm)
     summary = arm_summary(arm, seed, read_log(run_dir / "log.jsonl"), steps, costs)
     budgets = {"steps": list_checkpoints(run_dir)[-1],
@@ -200,7 +203,7 @@ def score_arm(arm: planning.Arm, seed: int, folder: Path, entries, steps: int, c
                   "budget": budget, "step": checkpoint.step, **r} for r in scored[checkpoint.step]]
     now = time.monotonic()
     result = {"summary": {**summary, "wall_minutes": (now - began) / 60, "score_minutes": (now - scoring_began) / 60,
-                          "device": card(device)},
+                          "score_peak_mib": reserved_peak_mib(device), "device": card(device)},
               "rows": rows}
     write_json(result, run_dir / "arm.json")
     for checkpoints in (run_dir / "checkpoints", run_dir / "start" / "checkpoints"):
@@ -238,6 +241,7 @@ def baselines(cfg, seed: int, entries, score: dict, device, path: Path) -> list[
     if path.is_file():
         return json.loads(path.read_text())["rows"]
     began = time.monotonic()
+    reset_peak(device)
     from accelerate.utils import set_seed
     from mini_of3.model import build_model
     set_seed(seed)                                              # as the trainer does before building the model
@@ -248,8 +252,22 @@ def baselines(cfg, seed: int, entries, score: dict, device, path: Path) -> list[
              for r in score_random_chains(entries, seed, device)]
     del model
     write_json({"rows": rows}, path)
-    say(f"seed {seed}: baselines scored in {(time.monotonic() - began) / 60:.1f} min")
+    peak = reserved_peak_mib(device)
+    say(f"seed {seed}: baselines scored in {(time.monotonic() - began) / 60:.1f} min"
+        + (f", {peak:.0f} MiB of GPU memory reserved at most" if peak is not None else ""))
     return rows
+
+
+def reset_peak(device) -> None:
+    import torch
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def reserved_peak_mib(device) -> float | None:
+    """The GPU memory this process reserved at most since :func:`reset_peak` (None off the GPU)."""
+    import torch
+    return torch.cuda.max_memory_reserved(device) / 2 ** 20 if device.type == "cuda" else None
 
 
 def free_memory() -> None:

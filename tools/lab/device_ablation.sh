@@ -87,7 +87,8 @@ for p in sorted(pathlib.Path(".device/ablation").glob("*/seed*/*/arm.json")):
     s = json.loads(p.read_text())["summary"]
     print(f"{p.parent.parent.name:6s} {s['arm']:18s} steps {s['step']:5d} step {s['step_s']:.3f} s  "
           f"gpu {s['gpu_minutes']:.1f} min  wall {s.get('wall_minutes', 0):.1f} min  "
-          f"score {s.get('score_minutes', 0):.1f} min  peak {s['peak_mib'] or 0:.0f} MiB "
+          f"score {s.get('score_minutes', 0):.1f} min ({s.get('score_peak_mib') or 0:.0f} MiB)  "
+          f"peak {s['peak_mib'] or 0:.0f} MiB "
           f"{s.get('device', '')}")
 util = [float(l.split(",")[1].strip(" %")) for l in open(pathlib.Path(os.environ["OUT"]) / "gpu_util.csv")
         if l.count(",") >= 2]
