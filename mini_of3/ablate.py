@@ -453,8 +453,9 @@ def main(argv: list[str] | None = None) -> None:
 
     result = result_header("ablation", prog="python -m mini_of3.ablate")
     result.update(kind=kind, config=config, overrides=common, folder=str(folder), steps=steps, seeds=seeds,
-                  val_ids=cfg.data.val_ids, score={"samples": args.score_samples, "steps": args.score_steps,
-                                                   "large_tokens": args.large_tokens, "small_tokens": args.small_tokens},
+                  val_ids=cfg.data.val_ids,
+                  score={"samples": args.score_samples, "steps": args.score_steps, "large_tokens": args.large_tokens,
+                         "small_tokens": args.small_tokens},
                   arms=[{**asdict(a), "name": a.name} for a in arms], metrics=list(METRICS), rows=rows,
                   entries=[{"entry": e.id, "split": e.split, "tokens": e.tokens} for e in entries])
     result["comparisons"] = comparisons(rows, arms)
