@@ -73,7 +73,10 @@ kill $monitor 2>/dev/null
 [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control
 tar czf $OUT/ablation_arms.tgz --exclude=checkpoints -C .device/ablation .
 if [ $carried_cache = 0 ]; then
-  tar czf - -C $TRITON_CACHE_DIR . | split -b 15m - $OUT/triton_cache.part-
+  # a cached kernel needs its metadata (.json) and binary (.cubin), at the absolute paths its group file names
+  # (hence the one TRITON_CACHE_DIR); the intermediate IR is left behind (the group skips missing files)
+  tar czf - -C $TRITON_CACHE_DIR --exclude='*.llir' --exclude='*.ttir' --exclude='*.ttgir' --exclude='*.ptx' \
+    --exclude='*.source' --exclude='*.amdgcn' --exclude='*.hsaco' . | split -b 15m - $OUT/triton_cache.part-
   echo "Triton cache returned: $(du -sh $TRITON_CACHE_DIR | cut -f1) in $(ls $OUT/triton_cache.part-* | wc -l) parts"
 fi
 for run in $ALL; do
