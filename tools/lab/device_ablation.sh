@@ -7,7 +7,7 @@
 # the folder, checkpoints left out, as $OUT/ablation_arms.tgz: unpack it into .device/ablation for the next call.
 # Once every arm of every seed has finished, `python -m mini_of3.ablate crops` with the same arguments and no --only
 # (any machine) writes the result.
-#   run: source tools/lab/device_env.sh && SEEDS=0 ARMS="crop256 crop768" STEPS=2000 LIMIT=580 \
+#   run: source tools/lab/device_env.sh && SEEDS=0 ARMS="crop256 crop768" STEPS=2000 LIMIT=570 \
 #        bash tools/lab/device_ablation.sh
 # Triton's compile and autotune cache travels: .device/triton_cache/triton_cache.part-* (carried) is unpacked into
 # the call's TRITON_CACHE_DIR, and a call that did not carry one returns its cache as $OUT/triton_cache.part-*
@@ -15,7 +15,7 @@
 # minutes compiling.
 # RUNS="0:finetune384to768 1:crop256" names seed:arm pairs instead of SEEDS x ARMS (RUNS="1:baselines": only
 # those). LIMIT: seconds from the start of this script to the end of every python process (the calibration's
-# included). MPS=1: through NVIDIA's
+# included; 570 by default, 540 where the Triton cache is returned, so that the 600-s call holds the tars). MPS=1: through NVIDIA's
 # multi-process service; where it cannot start, RUNS_WITHOUT_MPS or SEEDS x ARMS_WITHOUT_MPS train instead.
 FOLDER=.device/ablation/${NAME:-crops}
 LOGS=.device/ablation/logs
@@ -45,7 +45,7 @@ SEEDS=$(for run in $RUNS; do echo ${run%%:*}; done | sort -un | tr '\n' ' ')
 ALL=$( (for seed in $SEEDS; do echo $seed:baselines; done; for run in $RUNS; do echo $run; done) | awk '!seen[$0]++')
 n=$(echo $ALL | wc -w)
 export OMP_NUM_THREADS=$(( 15 / n > 0 ? 15 / n : 1 ))   # a process per run on 16 cores: no oversubscribed CPU ops
-left() { echo $(( ${LIMIT:-580} - SECONDS > 1 ? ${LIMIT:-580} - SECONDS : 1 )); }   # seconds to the call's end
+left() { echo $(( ${LIMIT:-570} - SECONDS > 1 ? ${LIMIT:-570} - SECONDS : 1 )); }   # seconds to the call's end
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 5 > $OUT/gpu_util.csv \
   2>/dev/null &
 monitor=$!
