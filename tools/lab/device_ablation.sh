@@ -16,7 +16,8 @@
 # RUNS="0:finetune384to768 1:crop256" names seed:arm pairs instead of SEEDS x ARMS (RUNS="1:baselines": only
 # those). LIMIT: seconds from the start of this script to the end of every python process (the calibration's
 # included; 570 by default, 540 where the Triton cache is returned, so that the 600-s call holds the tars).
-# MPS=1: through NVIDIA's multi-process service; where it cannot start, RUNS_WITHOUT_MPS or SEEDS x ARMS_WITHOUT_MPS train instead.
+# MPS=1: through NVIDIA's multi-process service; where it cannot start, RUNS_WITHOUT_MPS or SEEDS x
+# ARMS_WITHOUT_MPS train instead.
 FOLDER=.device/ablation/${NAME:-crops}
 LOGS=.device/ablation/logs
 ARMS=${ARMS:-crop256 crop384 crop512 crop768 finetune384to768}
