@@ -216,7 +216,7 @@ def calibrate(kinds: list[tuple[int, str]], calibration_steps: int, seed: int, d
               common: list[str], folder: Path, prepared: Path) -> None:
     """Time each kind of step (crop, activation) alone: ``calibration_steps`` steps of the real trainer from
     ``seed`` (the same entries for every kind) in a scratch run, removed after; write ``<folder>/step_costs.json``
-    (the mean step seconds after :data:`cost.WARMUP` steps, per kind, and the device)."""
+    (per kind the cost of :func:`cost.mean_step_seconds` and every step time; the device)."""
     from mini_of3.training.runlog import read_log
     costs, times = {}, {}
     for crop, act in kinds:

@@ -12,11 +12,8 @@ import json
 import statistics
 from pathlib import Path
 
-WARMUP = 5
-
-
-def log_rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+from mini_of3.ablation.cost import WARMUP
+from mini_of3.training.runlog import read_log
 
 
 def run_row(folder: Path, seed: int, arm: str) -> dict:
@@ -27,7 +24,7 @@ def run_row(folder: Path, seed: int, arm: str) -> dict:
     if arm == "baselines":
         return {"arm": arm, "seed": seed, "finished": (folder / f"seed{seed}" / "baselines.json").is_file()}
     logs = [run / "start" / "log.jsonl", run / "log.jsonl"]
-    train = [r for p in logs for r in log_rows(p) if r.get("split") == "train"]
+    train = [r for p in logs for r in read_log(p) if r.get("split") == "train"]
     times = [r["step_s"] for r in train][WARMUP:]
     return {"arm": arm, "seed": seed, "finished": False, "step": train[-1]["step"] if train else 0,
             "step_s": statistics.median(times) if times else None}

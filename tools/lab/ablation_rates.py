@@ -5,18 +5,17 @@ steps (compiling, autotuning), and their sum. Used by tools/lab/ablation_mps_pro
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
 
-WARMUP = 5
+from mini_of3.ablation.cost import WARMUP
+from mini_of3.training.runlog import read_log
 
 
 def rate(run: Path) -> tuple[int, float]:
     """(steps logged, steps per second after the warm-up) of one run folder; (n, 0) when too few steps."""
-    rows = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
-    times = [r["step_s"] for r in rows if r.get("split") == "train"]
+    times = [r["step_s"] for r in read_log(run / "log.jsonl") if r.get("split") == "train"]
     timed = times[WARMUP:]
     return len(times), (1.0 / statistics.fmean(timed) if timed else 0.0)
 
