@@ -36,6 +36,7 @@ from pathlib import Path
 
 from mini_of3.ablation import cost
 from mini_of3.ablation import plan as planning
+from mini_of3.ablation import slots
 from mini_of3.ablation.figure import SPLITS, plot
 from mini_of3.ablation.scoring import LARGE, METRICS, SMALL, score_model, score_random_chains, scoring_entries
 from mini_of3.ablation.stats import compare, entry_values
@@ -181,28 +182,36 @@ def score_arm(arm: planning.Arm, seed: int, folder: Path, entries, steps: int, c
     """Score an arm's last checkpoint (equal steps) and its last within ``budget_s`` of GPU time at each kind of
     step's cost alone (equal GPU time); write and return ``arm.json`` (``wall_minutes``: since ``began``, the
     monotonic clock when its training started in this command; ``score_minutes``: the scoring's share;
+    ``score_wait_minutes``: the wait for a scoring slot, :mod:`mini_of3.ablation.slots`;
     ``score_peak_mib``: the GPU memory it reserved at most, what processes beside it must leave); remove the
     checkpoints."""
     from mini_of3.training.checkpoint import list_checkpoints
     from mini_of3.training.runlog import read_log
-    scoring_began = time.monotonic()
     free_memory()
-    reset_peak(device)
     run_dir = planning.arm_folder(folder, seed, arm)
     summary = arm_summary(arm, seed, read_log(run_dir / "log.jsonl"), steps, costs)
     budgets = {"steps": list_checkpoints(run_dir)[-1],
                "time": equal_time_checkpoint(arm, seed, folder, steps, costs, budget_s)}
     scored: dict[int, list[dict]] = {}
     rows = []
+    waited = time.monotonic()
+    with slots.slot():                                          # arms beside it score in turn: GPU memory
+        scoring_began = time.monotonic()
+        reset_peak(device)
+        for checkpoint in budgets.values():
+            if checkpoint.step not in scored:
+                model, _, _ = load_ema(checkpoint.path, device)
+                scored[checkpoint.step] = score_model(model, entries, device=device, seed=seed, **score)
+                del model
+        free_memory()
+        scored_at = time.monotonic()
     for budget, checkpoint in budgets.items():
-        if checkpoint.step not in scored:
-            model, _, _ = load_ema(checkpoint.path, device)
-            scored[checkpoint.step] = score_model(model, entries, device=device, seed=seed, **score)
-            del model
         rows += [{"impl": arm.impl, "arm": arm.name, "N": arm.crop, "activation": arm.activation, "seed": seed,
                   "budget": budget, "step": checkpoint.step, **r} for r in scored[checkpoint.step]]
     now = time.monotonic()
-    result = {"summary": {**summary, "wall_minutes": (now - began) / 60, "score_minutes": (now - scoring_began) / 60,
+    result = {"summary": {**summary, "wall_minutes": (now - began) / 60,
+                          "score_minutes": (scored_at - scoring_began) / 60,
+                          "score_wait_minutes": (scoring_began - waited) / 60,
                           "score_peak_mib": reserved_peak_mib(device), "device": card(device)},
               "rows": rows}
     write_json(result, run_dir / "arm.json")
@@ -246,8 +255,9 @@ def baselines(cfg, seed: int, entries, score: dict, device, path: Path) -> list[
     from mini_of3.model import build_model
     set_seed(seed)                                              # as the trainer does before building the model
     model = build_model(cfg.model).to(device)
-    rows = [{"impl": "untrained", "seed": seed, "budget": "steps", **r}
-            for r in score_model(model, entries, device=device, seed=seed, **score)]
+    with slots.slot():
+        rows = [{"impl": "untrained", "seed": seed, "budget": "steps", **r}
+                for r in score_model(model, entries, device=device, seed=seed, **score)]
     rows += [{"impl": "random_chain", "seed": seed, "budget": "steps", **r}
              for r in score_random_chains(entries, seed, device)]
     del model
