@@ -1,13 +1,14 @@
 """The ablation's figure: whole-entry quality against the arm, per split, with bootstrap intervals over seeds and
-entries, the random chain and the untrained model beside; then the mean step time (each crop's step timed alone,
-:mod:`.cost`) and peak memory against the arm."""
+entries, the random chain and the untrained model beside; the per-entry gain of the largest arm over the first
+against the entry's size; then the mean step time (each crop's step timed alone, :mod:`.cost`) and peak memory
+against the arm."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 
-from .stats import as_matrix, bootstrap_interval, entry_values
+from .stats import as_matrix, bootstrap_interval, entry_values, paired_differences
 
 SPLITS = ("train_large", "train_small", "val")
 
@@ -18,13 +19,35 @@ def step_seconds_alone(summary: dict) -> float | None:
     return minutes * 60 / summary["step"] if minutes else None
 
 
+def gain_by_size(ax, result: dict, metric: str) -> None:
+    """Per entry, the mean over seeds of (last arm of the first arm's kind) - (first arm), against its tokens, one
+    colour per split: where in entry size a larger crop (or the second activation) changes the result."""
+    rows, arms = result["rows"], result["arms"]
+    first = arms[0]
+    last = [a for a in arms if a["impl"] == first["impl"]][-1]
+    tokens = {r["entry"]: r["tokens"] for r in rows if r.get("entry") and r.get("tokens")}
+    for i, split in enumerate(SPLITS):
+        d, _, entries = paired_differences(entry_values(rows, last["impl"], last["name"], split, metric),
+                                           entry_values(rows, first["impl"], first["name"], split, metric))
+        if not entries:
+            continue
+        with np.errstate(invalid="ignore"):
+            means = np.nanmean(d, axis=0)
+        ax.plot([tokens[e] for e in entries], means, "o", color=f"C{i}", label=split, alpha=0.8)
+    ax.axhline(0, color="grey", lw=1)
+    ax.set(xscale="log", xlabel="entry tokens", ylabel=f"{metric}: {last['name']} - {first['name']}",
+           title="gain per entry (mean of seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 def plot(result: dict, path: Path, metric: str = "lddt_ca") -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows, arms = result["rows"], result["arms"]
     names = [a["name"] for a in arms]
-    fig, axes = plt.subplots(1, len(SPLITS) + 2, figsize=(4.2 * (len(SPLITS) + 2), 4.2))
+    fig, axes = plt.subplots(1, len(SPLITS) + 3, figsize=(4.2 * (len(SPLITS) + 3), 4.2))
     x = np.arange(len(names))
     for ax, split in zip(axes, SPLITS):
         for budget, offset, color in (("steps", -0.1, "C0"), ("time", 0.1, "C1")):
@@ -44,6 +67,7 @@ def plot(result: dict, path: Path, metric: str = "lddt_ca") -> None:
         ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    gain_by_size(axes[len(SPLITS)], result, metric)
     summaries = [r for r in rows if not r.get("entry") and r["impl"] in ("crop", "finetune", "activation")]
     for ax, value, label in ((axes[-2], step_seconds_alone, "mean step (s), each crop timed alone"),
                              (axes[-1], lambda r: r.get("peak_mib"), "peak memory (MiB)")):
