@@ -57,8 +57,22 @@ def test_sigmoid_bench_writes_rows_and_a_plot(tmp_path, capsys):
     (["--shapes", "b4t4096"], "--shapes: expected"),
     (["--varlen-range", "9,3"], "--varlen-range: expected 1 <= low <= high"),
     (["--err-heads", "17"], "--err-heads <= --heads"),
+    (["--sigmoid", "tanh"], "--sigmoid: only with --sweep"),
 ])
 def test_bad_arguments_give_one_clear_line(argv, message):
     with pytest.raises(SystemExit) as exit_info:
         sigmoid.main(argv)
     assert message in str(exit_info.value) and "\n" not in str(exit_info.value)
+
+
+def test_sweep_tunes_tiles_for_a_named_sigmoid(tmp_path, capsys):
+    """``--sweep --sigmoid tanh``: every candidate row and the combined best run with tanh, whatever is fastest."""
+    sigmoid.main(["--sweep", "--sigmoid", "tanh", "--shapes", "b1t40d32", "--heads", "1", "--err-heads", "1",
+                  "--reps", "1", "--warmup", "0", "--out", str(tmp_path), "--tag", "t"])
+    rows = json.loads((tmp_path / "sigmoid_sweep_t.json").read_text())["rows"]
+    variants = [r for r in rows if list(r["fields"]) == ["sigmoid"]]
+    assert [r["fields"]["sigmoid"] for r in variants] == list(sigmoid.SIGMOID_VARIANTS)
+    tuned = [r for r in rows if r not in variants]
+    assert tuned and all(r["fields"]["sigmoid"] == "tanh" for r in tuned)
+    assert all(r["best"]["sigmoid"] == "tanh" for r in rows)
+    assert "best for b1t40d32" in capsys.readouterr().out

@@ -18,7 +18,8 @@ repeat o and every gradient bit for bit. Writes ``sigmoid[_TAG].json`` (DESIGN.m
 ``--out`` and prints a table last.
 
 ``--sweep`` instead times our kernels under several tile configurations and sigmoid evaluations on the given shapes
-(default b4t4096d64, b4t4096d128) and prints the best per shape as a ``Tiles(...)`` line for DEFAULT_TILES.
+(default b4t4096d64, b4t4096d128) and prints the best per shape as a ``Tiles(...)`` line for DEFAULT_TILES;
+``--sigmoid tanh`` tunes the tiles for that evaluation instead of the fastest accurate one.
 """
 from __future__ import annotations
 
@@ -350,7 +351,8 @@ def sweep_shape(shape: Shape, args, device: torch.device) -> list[dict]:
 
     default = current_tiles(shape.D, torch.bfloat16)
     rows = [measure({"sigmoid": variant}) for variant in SIGMOID_VARIANTS]
-    best = {"sigmoid": _fastest(rows, "fwdbwd_ms", lambda r: r["fields"]["sigmoid"] != "tanh", default.sigmoid)}
+    best = {"sigmoid": args.sigmoid or _fastest(rows, "fwdbwd_ms", lambda r: r["fields"]["sigmoid"] != "tanh",
+                                                default.sigmoid)}
     for kernel, candidates, key in (("fwd", FWD_CANDIDATES, "fwd_ms"), ("dkdv", DKDV_CANDIDATES, "fwdbwd_ms"),
                                     ("dq", DQ_CANDIDATES, "fwdbwd_ms")):
         kernel_rows = [measure({**_fields(kernel, c), "sigmoid": best["sigmoid"]}) for c in candidates]
@@ -419,6 +421,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--sweep", action="store_true", help="tune our tiles and sigmoid evaluation instead")
+    parser.add_argument("--sigmoid", choices=SIGMOID_VARIANTS, default=None,
+                        help="--sweep: tune the tiles for this evaluation (default: the fastest accurate one)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, errors on one head")
     parser.add_argument("--out", default="runs/bench", help="folder of the JSON and PNG (default: runs/bench)")
     parser.add_argument("--tag", default="")
@@ -434,6 +438,8 @@ def parse_args(argv: list[str] | None):
     args.impl_names = [i for i in args.impls.split(",") if i]
     if not args.impl_names or any(i not in IMPLS for i in args.impl_names):
         raise SystemExit(f"--impls: expected some of {list(IMPLS)}, got {args.impls!r}")
+    if args.sigmoid and not args.sweep:
+        raise SystemExit("--sigmoid: only with --sweep (the benchmark times mini_of3 and mini_of3_tanh as impls)")
     if args.reps < 1 or args.warmup < 0 or args.heads < 1 or not 0 <= args.err_heads <= args.heads:
         raise SystemExit("--reps >= 1, --warmup >= 0, --heads >= 1 and 0 <= --err-heads <= --heads expected")
     shapes = args.shapes or (SWEEP_SHAPES if args.sweep else DEFAULT_SHAPES)

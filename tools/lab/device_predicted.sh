@@ -6,6 +6,8 @@
 #   tanh    bench sigmoid at the shapes in MINI_OF3_SIGMOID_SHAPES (rcp, tanh and TritonSigmoid side by side)
 #   padstep bench step on 6W13 (317 tokens) padded to crop 768 beside its crop of 320 (where padding still costs)
 #   gluon   tools/lab/gluon_tri_attn_fwd.py (the Hopper prototypes: error against float64, time against SDPA)
+#   sweep   bench sigmoid --sweep --sigmoid $MINI_OF3_SWEEP_SIGMOID (tanh) at T = 16384, D = 128 (the 0.85x bar's
+#           shape; the tiles were tuned at T = 4096 for rcp)
 #   MINI_OF3_COMMIT=<hash> bash tools/lab/device_predicted.sh [STEPS]      (default padded,step,tanh,padstep,gluon)
 # Carry .whl (anchors: cueq, TritonSigmoid) and .device (prepared entries). Writes $OUT/<step>.log and the benches'
 # JSON/PNG; prints each step's table last.
@@ -32,7 +34,10 @@ run_step() {   # NAME LIMIT COMMAND...: run under min(LIMIT, time left), log to 
   --data .device/data/cache --crops 320,768 --entry 6W13 --pad --arms mini_of3+mini_of3 --rounds 2 --warmup 1 \
   --profile-crops 320,768 --out $OUT --tag padded6w13_$MINI_OF3_COMMIT
 [[ ,$steps, == *,gluon,* ]] && run_step gluon 150 python3 tools/lab/gluon_tri_attn_fwd.py
-for name in padded step tanh padstep gluon; do
+[[ ,$steps, == *,sweep,* ]] && run_step sweep 300 python3 -m mini_of3.bench sigmoid --sweep \
+  --sigmoid ${MINI_OF3_SWEEP_SIGMOID:-tanh} --shapes b1t16384d128 --reps 10 --err-heads 1 --out $OUT \
+  --tag ${MINI_OF3_SWEEP_SIGMOID:-tanh}_b1t16384d128_$MINI_OF3_COMMIT
+for name in padded step tanh padstep gluon sweep; do
   [ -f $OUT/$name.log ] && { echo "== $name"; grep -v -i 'warn' $OUT/$name.log | tail -12; }
 done
 echo "($SECONDS s in all)"
