@@ -26,8 +26,10 @@ runs() { for seed in $SEEDS; do for arm in $1; do echo -n "$seed:$arm "; done; d
 RUNS=${RUNS:-$(runs "$ARMS")}
 mkdir -p $FOLDER $LOGS
 export TRITON_CACHE_DIR=/tmp/triton_cache
-# arms finish training together and each reserves up to ~19 GiB scoring the largest entry: SCORING_SLOTS score at once
-export MINI_OF3_SCORING_SLOTS=${SCORING_SLOTS:-3}
+# arms finish training together and each reserves up to ~19 GiB scoring the largest entry (3WIP, 2,290 tokens) beside
+# trainers of up to 14 GiB (crop 768): SCORING_SLOTS score at once (3 ran out of memory beside crop-768 trainers;
+# one at a time costs ~0.2 min per arm of waiting)
+export MINI_OF3_SCORING_SLOTS=${SCORING_SLOTS:-1}
 mkdir -p $TRITON_CACHE_DIR
 carried_cache=0
 if ls .device/triton_cache/triton_cache.part-* >/dev/null 2>&1; then
