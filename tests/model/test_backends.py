@@ -407,3 +407,45 @@ def test_the_single_attention_runs_our_kernel_at_head_dim_24(monkeypatch, head_d
     x = torch.randn(1, 1, 3, 2, head_dim)
     tab.pair_bias_attention(KernelChoice())(x, x, x, None, None)
     assert calls == [kernel]
+
+
+@pytest.mark.parametrize("backend,node", [("torch", "starting"), ("torch", "ending"), ("mini_of3", "starting"),
+                                          ("mini_of3", "ending")])
+def test_tri_attn_in_row_blocks_without_gradients_equals_all_rows(backend, node):
+    """inference_chunk (AF3 SI Alg 14/15, rows i projected and attended a block at a time when no gradients are
+    taken): the update of all rows at once, float64 for the torch path (float32 on our kernel, rows in blocks of 4 of
+    11, the last block short), padded tokens masked; with gradients the chunk is not used."""
+    if backend == "mini_of3" and not triton_available:
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1 (set by tests/conftest.py)")
+    device = "cuda" if backend == "mini_of3" and torch.cuda.is_available() else "cpu"
+    dtype = torch.float64 if backend == "torch" else torch.float32
+    torch.manual_seed(0)
+    layers = [TriangleAttention(c_z=16, n_heads=2, c_hidden=16, node=node, inference_chunk=chunk,
+                                kernels=KernelChoice(tri_attn_backend=backend)).to(device, dtype)
+              for chunk in (None, 4)]
+    perturb_zero_parameters(layers[0])
+    layers[1].load_state_dict(layers[0].state_dict())
+    z = torch.randn(2, 11, 11, 16, device=device, dtype=dtype)
+    token = torch.ones(2, 11, dtype=torch.bool, device=device)
+    token[1, 7:] = False
+    pair = token[:, :, None] & token[:, None, :]
+    calls = []
+    layers[1].attend_rows = lambda qkvg, *rest, real=layers[1].attend_rows: calls.append(qkvg.shape[1]) or \
+        real(qkvg, *rest)
+    with torch.no_grad():
+        whole, blocks = layers[0](z, pair), layers[1](z, pair)
+    assert calls == [4, 4, 3]
+    tolerance = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(blocks, whole, **tolerance)
+    assert torch.count_nonzero(blocks[~pair]) == 0
+    calls.clear()
+    layers[1](z, pair)                                    # gradients on: all rows at once
+    assert calls == [11]
+
+
+def test_inference_chunk_reaches_the_triangle_attentions_and_rejects_zero():
+    model = build_model(tiny_config(inference_chunk=3))
+    chunks = {m.inference_chunk for m in model.modules() if isinstance(m, TriangleAttention)}
+    assert chunks == {3}
+    with pytest.raises(ValueError, match="inference_chunk"):         # pydantic's ValidationError
+        tiny_config(inference_chunk=0)
