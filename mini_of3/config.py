@@ -156,10 +156,6 @@ class ModelConfig:
                                               # errors 1.7e-3, not 2.4e-3 as cuEquivariance's); 36 ms more per
                                               # step at crop 768 on the H100
     pair_transition_backend: Literal[TRANSITION_BACKENDS] = "auto"
-    inference_chunk: PositiveInt | None = None  # without gradients (validation, sampling, predict), the triangle
-                                             # attentions project and attend this many rows at a time: their q/k/v/g
-                                             # projection, 4 H D channels of the whole pair, shrinks to a row block
-                                             # (AF2/OpenFold's chunk_size); the same result. None: all rows at once
     checkpointing: bool = True               # activation checkpointing per Pairformer block
     checkpoint_blocks: Count | None = None   # with checkpointing: the first k Pairformer blocks recompute their
                                              # activations in the backward, the others keep them (null: all)

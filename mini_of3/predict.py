@@ -240,18 +240,14 @@ def write_mmcif(path: Path, name: str, features: dict[str, np.ndarray], chain_na
 
 def predict(checkpoint: str | Path, input_path: str | Path, out: str | Path | None = None, *,
             recycles: int | None = None, steps: int | None = None, samples: int = 5, seed: int = 0,
-            device: str | None = None, overwrite: bool = False, chunk: int | None = None) -> list[dict]:
+            device: str | None = None, overwrite: bool = False) -> list[dict]:
     """Sample, rank by mean pLDDT, write the mmCIF files and score them; returns one row per sample, best first
-    (rank, sample, plddt, file, and lddt_ca, rmsd, tm_score ... when the input holds the true structure).
-    ``chunk``: rows per block of the triangle attentions (less memory for large inputs; default: the run's
-    model.inference_chunk)."""
+    (rank, sample, plddt, file, and lddt_ca, rmsd, tm_score ... when the input holds the true structure)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     query = read_query(input_path)
     if out is not None:
         check_writable(out, "--out")
     model, folder, state = load_model(checkpoint, dev)
-    if chunk is not None:
-        model.set_inference_chunk(chunk)
     trained = model.cfg.n_recycles
     if recycles is not None and recycles > trained:
         raise ValueError(f"--recycles {recycles}: this model was trained with at most {trained} recycles "
@@ -329,11 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampler (default: 0)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     parser.add_argument("--overwrite", action="store_true", help="replace earlier outputs of the same input")
-    parser.add_argument("--chunk", type=int, default=None, metavar="ROWS",
-                        help="triangle attention rows per block: less GPU memory for large inputs, the same "
-                             "prediction (default: the run's model.inference_chunk)")
     args = parser.parse_args(argv)
-    for name in ("recycles", "steps", "samples", "chunk"):
+    for name in ("recycles", "steps", "samples"):
         value = getattr(args, name)
         if value is not None and value < (0 if name == "recycles" else 1):
             parser.error(f"--{name} must be >= {0 if name == 'recycles' else 1}, got {value}")
@@ -341,8 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--device cuda: no CUDA device is available")
     try:
         predict(args.checkpoint, args.input, args.out, recycles=args.recycles, steps=args.steps,
-                samples=args.samples, seed=args.seed, device=args.device, overwrite=args.overwrite,
-                chunk=args.chunk)
+                samples=args.samples, seed=args.seed, device=args.device, overwrite=args.overwrite)
     except (FileNotFoundError, ValueError, MmcifError, ConfigError) as err:
         print(f"predict: {err}", file=sys.stderr)
         return 1

@@ -15,7 +15,6 @@ from mini_of3.model.kernel_choice import KernelChoice
 from mini_of3.model.norm import LayerNorm
 from mini_of3.model.pairformer import PairformerStack
 from mini_of3.model.sampler import centre_random_augmentation, randn, sample_diffusion, training_noise_levels
-from mini_of3.model.triangle import TriangleAttention
 
 
 class MiniOF3(nn.Module):
@@ -40,7 +39,7 @@ class MiniOF3(nn.Module):
             c_s=cfg.c_s, c_z=cfg.c_z,
             n_heads_tri=cfg.n_heads_tri, c_hidden_tri=cfg.c_hidden_tri, n_heads_single=cfg.n_heads_single,
             c_hidden_mul=cfg.c_hidden_mul, transition_factor=cfg.transition_factor, pair_dropout=cfg.pair_dropout,
-            kernels=kernels, inference_chunk=cfg.inference_chunk)
+            kernels=kernels)
         self.distogram_head = DistogramHead(c_z=cfg.c_z, n_bins=cfg.distogram_bins)
         self.diffusion = DiffusionModule(
             c_s=cfg.c_s, c_z=cfg.c_z, c_inputs=self.embedder.c_inputs, c_token=cfg.c_token,
@@ -143,16 +142,6 @@ class MiniOF3(nn.Module):
         centres = (torch.arange(n_bins, device=x.device, dtype=torch.float32) + 0.5) / n_bins
         return {"coords": x, "plddt": 100.0 * (probs * centres).sum(-1),
                 "distogram_logits": self.distogram_head(z).float()}
-
-
-    def set_inference_chunk(self, rows: int | None) -> None:
-        """Rows per block of every triangle attention when no gradients are taken (model.inference_chunk; None:
-        all rows at once): less memory for large entries, the same predictions."""
-        if rows is not None and rows < 1:
-            raise ValueError(f"inference chunk: expected None or >= 1 rows, got {rows}")
-        for layer in self.modules():
-            if isinstance(layer, TriangleAttention):
-                layer.inference_chunk = rows
 
 
 def build_model(cfg: ModelConfig) -> MiniOF3:

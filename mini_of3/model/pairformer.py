@@ -38,20 +38,18 @@ class PairformerBlock(nn.Module):
     transition_factor : expansion of both transitions (AF3: 4)
     pair_dropout : rate of the row/column-shared dropout on the triangle updates (AF3: 0.25)
     kernels : which kernel runs each fused layer (mini_of3.model.kernel_choice)
-    inference_chunk : rows per block of the triangle attentions without gradients (None: all at once)
     """
 
     def __init__(self, *, c_s: int, c_z: int, n_heads_tri: int, c_hidden_tri: int, n_heads_single: int,
                  c_hidden_mul: int, transition_factor: int = 4, pair_dropout: float = 0.25,
-                 kernels: KernelChoice = KernelChoice(), inference_chunk: int | None = None) -> None:
+                 kernels: KernelChoice = KernelChoice()) -> None:
         super().__init__()
         self.pair_dropout = pair_dropout
         self.tri_mul_out = TriangleMultiplication(c_z=c_z, c_hidden=c_hidden_mul, direction="outgoing",
                                                   kernels=kernels)
         self.tri_mul_in = TriangleMultiplication(c_z=c_z, c_hidden=c_hidden_mul, direction="incoming",
                                                  kernels=kernels)
-        attn = dict(c_z=c_z, n_heads=n_heads_tri, c_hidden=c_hidden_tri, kernels=kernels,
-                    inference_chunk=inference_chunk)
+        attn = dict(c_z=c_z, n_heads=n_heads_tri, c_hidden=c_hidden_tri, kernels=kernels)
         self.tri_attn_start = TriangleAttention(node="starting", **attn)
         self.tri_attn_end = TriangleAttention(node="ending", **attn)
         self.pair_transition = Transition(c=c_z, n=transition_factor, kernels=kernels)

@@ -74,21 +74,15 @@ class TriangleAttention(nn.Module):
     mask_queries : the pair mask (token_i & token_k) masks the queries too: the update of a pair with a padded token
         is 0 and its attention is skipped (a padded entry costs its real tokens); False computes it. No real pair's
         update depends on it: a padded query is no real pair's key.
-    inference_chunk : without gradients, project and attend this many rows i (of this node's frame) at a time:
-        the attention of row i reads only row i's q, k, v, g and the shared bias, so the result is the same, and the
-        projection [B, I, J, 4, H, D] shrinks to [B, chunk, J, 4, H, D]. None: all rows at once.
     """
 
     def __init__(self, *, c_z: int, n_heads: int, c_hidden: int, node: Literal["starting", "ending"],
-                 kernels: KernelChoice = KernelChoice(), mask_queries: bool = True,
-                 inference_chunk: int | None = None) -> None:
+                 kernels: KernelChoice = KernelChoice(), mask_queries: bool = True) -> None:
         super().__init__()
         if node not in ("starting", "ending"):
             raise ValueError(f"TriangleAttention: node must be 'starting' or 'ending', got {node!r}")
-        if inference_chunk is not None and inference_chunk < 1:
-            raise ValueError(f"TriangleAttention: inference_chunk must be None or >= 1, got {inference_chunk!r}")
         self.node, self.n_heads, self.head_dim = node, n_heads, c_hidden
-        self.mask_queries, self.inference_chunk = mask_queries, inference_chunk
+        self.mask_queries = mask_queries
         self.layer_norm = LayerNorm(c_z)
         self.linear_q = nn.Linear(c_z, n_heads * c_hidden, bias=False)
         self.linear_k = nn.Linear(c_z, n_heads * c_hidden, bias=False)
@@ -113,54 +107,22 @@ class TriangleAttention(nn.Module):
         if self.node == "ending":                                # Alg 15 = Alg 14 on the transposed pair
             x, pair_mask = x.transpose(1, 2), pair_mask.transpose(1, 2)
         x = x.to(_projection_dtype(x), memory_format=torch.contiguous_format)
-        bias = linear_channels_first(x, self.linear_b.weight)   # [B, H, J, K]: bias[j, k] = b_jk of this frame
-        return self.project(x).view(B, N, N, 4, H, D), bias, pair_mask.contiguous()   # qkvg [B, I, J, 4, H, D]
-
-    def project(self, x: torch.Tensor) -> torch.Tensor:
-        """x [B, I, J, c_z] (layer-normed, this node's frame) -> q | k | v | g [B, I, J, 4 H D] in one GEMM."""
         w = torch.cat([self.linear_q.weight, self.linear_k.weight, self.linear_v.weight, self.linear_g.weight])
-        return torch.nn.functional.linear(x, w)
-
-    def attend_rows(self, qkvg: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """qkvg [B, I, J, 4, H, D], bias [B, H, J, K], mask [B, I, K] -> the gated output [B, I, J, H, D]."""
-        if self.attend_gated is not None:    # our kernels: the gate inside, one gradient buffer for q, k, v, g
-            return self.attend_gated(qkvg, bias, mask, mask_queries=self.mask_queries)
-        q, k, v, g = qkvg.unbind(3)                               # [B, I, J, H, D] each
-        return torch.sigmoid(g) * self.attend(q, k, v, bias, mask, mask_queries=self.mask_queries)
+        qkvg = torch.nn.functional.linear(x, w).view(B, N, N, 4, H, D)                  # [B, I, J, 4, H, D]
+        bias = linear_channels_first(x, self.linear_b.weight)   # [B, H, J, K]: bias[j, k] = b_jk of this frame
+        return qkvg, bias, pair_mask.contiguous()
 
     def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
         """z: [B, N, N, c_z], pair_mask: [B, N, N] bool (True = both tokens real) -> update [B, N, N, c_z]."""
         B, N = z.shape[:2]
-        chunk = self.inference_chunk
-        if chunk is not None and chunk < N and not torch.is_grad_enabled():
-            update = self.forward_in_row_blocks(z, pair_mask, chunk)
+        qkvg, bias, mask = self.attention_inputs(z, pair_mask)
+        if self.attend_gated is not None:    # our kernels: the gate inside, one gradient buffer for q, k, v, g
+            o = self.attend_gated(qkvg, bias, mask, mask_queries=self.mask_queries)   # [B, I, J, H, D]
         else:
-            qkvg, bias, mask = self.attention_inputs(z, pair_mask)
-            update = self.linear_o(self.attend_rows(qkvg, bias, mask).reshape(B, N, N, -1))
+            q, k, v, g = qkvg.unbind(3)                           # [B, I, J, H, D] each
+            o = torch.sigmoid(g) * self.attend(q, k, v, bias, mask, mask_queries=self.mask_queries)
+        update = self.linear_o(o.reshape(B, N, N, -1))
         return update if self.node == "starting" else update.transpose(1, 2)   # back to the pair's frame
-
-    def forward_in_row_blocks(self, z: torch.Tensor, pair_mask: torch.Tensor, chunk: int) -> torch.Tensor:
-        """The update in this node's frame [B, I, J, c_z], ``chunk`` rows i at a time (no gradients): the layer norm
-        and the bias [B, H, J, K] once, then per row block its projection, attention and output projection."""
-        B, N = z.shape[:2]
-        H, D = self.n_heads, self.head_dim
-        x = self.layer_norm(z)
-        if self.node == "ending":
-            x, pair_mask = x.transpose(1, 2), pair_mask.transpose(1, 2)
-        dtype = _projection_dtype(x)
-        bias = linear_channels_first(x.to(dtype, memory_format=torch.contiguous_format), self.linear_b.weight)
-        update = None
-        for i0 in range(0, N, chunk):
-            rows = slice(i0, min(i0 + chunk, N))
-            x_rows = x[:, rows].to(dtype, memory_format=torch.contiguous_format)        # [B, chunk, J, c_z]
-            n = x_rows.shape[1]
-            qkvg = self.project(x_rows).view(B, n, N, 4, H, D)
-            o = self.attend_rows(qkvg, bias, pair_mask[:, rows].contiguous())          # [B, chunk, J, H, D]
-            part = self.linear_o(o.reshape(B, n, N, -1))
-            if update is None:
-                update = part.new_empty(B, N, N, part.shape[-1])
-            update[:, rows] = part
-        return update
 
 
 def _projection_dtype(x: torch.Tensor) -> torch.dtype:

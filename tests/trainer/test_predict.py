@@ -74,19 +74,6 @@ def test_predict_from_fasta_builds_chains_and_entities(reference_run, tmp_path, 
     assert "step 3" in capsys.readouterr().out
 
 
-def test_predict_in_row_blocks_gives_the_same_prediction(reference_run, tmp_path):
-    """--chunk 3 (the triangle attentions 3 rows at a time) on a 20-residue chain: the same ranked samples."""
-    fasta = tmp_path / "one.fasta"
-    fasta.write_text(">a\nMKTAYIAKQRQISFVKSHFS\n")
-    whole = predict(reference_run, fasta, tmp_path / "whole", samples=2, steps=3, seed=1, device="cpu")
-    blocks = predict(reference_run, fasta, tmp_path / "blocks", samples=2, steps=3, seed=1, device="cpu", chunk=3)
-    assert [r["sample"] for r in blocks] == [r["sample"] for r in whole]
-    for a, b in zip(blocks, whole):
-        assert a["plddt"] == pytest.approx(b["plddt"], rel=1e-4, abs=1e-4)
-    with pytest.raises(SystemExit):
-        main([str(reference_run), str(fasta), "--chunk", "0"])
-
-
 def test_predict_errors_are_one_line(reference_run, tmp_path, capsys):
     bad = tmp_path / "bad.fasta"
     bad.write_text("MKTAYIAKQR\n")
