@@ -40,13 +40,16 @@ class DiffusionConditioning(nn.Module):
     LinearNoBias(LayerNorm(Fourier(log(t / sigma_data) / 4))) + 2 transitions, one per noise level.
     """
 
-    def __init__(self, *, c_s: int, c_z: int, c_inputs: int, sigma_data: float, c_fourier: int = 256) -> None:
+    def __init__(self, *, c_s: int, c_z: int, c_inputs: int, sigma_data: float, c_fourier: int = 256,
+                 kernels: KernelChoice | None = None) -> None:
         super().__init__()
         self.sigma_data = sigma_data
         self.relpos = RelativePositionEncoding(c_z=c_z)
         self.layer_norm_z = LayerNorm(2 * c_z)
         self.linear_z = nn.Linear(2 * c_z, c_z, bias=False)
-        self.pair_transitions = nn.ModuleList(Transition(c=c_z, n=2) for _ in range(2))
+        # the pair transitions on the fused kernel where pair_transition_backend takes it: hidden [N, N, 2 c_z]
+        # activations stay on the chip
+        self.pair_transitions = nn.ModuleList(Transition(c=c_z, n=2, kernels=kernels) for _ in range(2))
         self.layer_norm_s = LayerNorm(c_s + c_inputs)
         self.linear_s = nn.Linear(c_s + c_inputs, c_s, bias=False)
         self.fourier = FourierEmbedding(c=c_fourier)
@@ -140,7 +143,8 @@ class DiffusionModule(nn.Module):
     c_s, c_z : trunk channels; c_inputs : channels of s_inputs; c_token : transformer width
     n_blocks, n_heads : transformer depth and heads
     sigma_data : data standard deviation in A (AF3: 16)
-    kernels : the kernel choice (its tri_attn_backend, for the attention with pair bias)
+    kernels : the kernel choice (its tri_attn_backend for the attention with pair bias, its
+        pair_transition_backend for the conditioning's pair transitions)
     checkpointing : recompute each transformer block in the backward pass
     """
 
@@ -149,7 +153,8 @@ class DiffusionModule(nn.Module):
                  checkpointing: bool = False) -> None:
         super().__init__()
         self.sigma_data, self.checkpointing = sigma_data, checkpointing
-        self.conditioning = DiffusionConditioning(c_s=c_s, c_z=c_z, c_inputs=c_inputs, sigma_data=sigma_data)
+        self.conditioning = DiffusionConditioning(c_s=c_s, c_z=c_z, c_inputs=c_inputs, sigma_data=sigma_data,
+                                                  kernels=kernels)
         self.linear_r = nn.Linear(3, c_token, bias=False)
         self.linear_binormal = nn.Linear(3, c_token, bias=False)
         self.layer_norm_s = LayerNorm(c_s)

@@ -33,8 +33,10 @@ class RelativePositionEncoding(nn.Module):
         self.linear = nn.Linear(self.n_features, c_z, bias=False)
 
     def features(self, residue_index: torch.Tensor, asym_id: torch.Tensor, entity_id: torch.Tensor,
-                 sym_id: torch.Tensor) -> torch.Tensor:
-        """[B, N] each -> one-hot features [B, N, N, n_features] (float32)."""
+                 sym_id: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """[B, N] each -> one-hot features [B, N, N, n_features] in ``dtype``: the residue offset (2 r_max + 2
+        bins), the token offset (2 r_max + 2), the same-entity bit, the chain offset (2 s_max + 2), written into one
+        zero tensor (no integer one-hots: at N = 2,000 those took 4x the memory of a float32 pair tensor)."""
         r_max, s_max = self.r_max, self.s_max
         pair = lambda x: x[:, :, None] - x[:, None, :]                        # noqa: E731  [B, N, N]
         same_chain = pair(asym_id) == 0
@@ -44,18 +46,20 @@ class RelativePositionEncoding(nn.Module):
         d_token = torch.where(same_chain & same_residue, (pair(residue_index) + r_max).clamp(0, 2 * r_max),
                               2 * r_max + 1)
         d_chain = torch.where(same_entity, (pair(sym_id) + s_max).clamp(0, 2 * s_max), 2 * s_max + 1)
-        return torch.cat([
-            F.one_hot(d_residue, 2 * r_max + 2),
-            F.one_hot(d_token, 2 * r_max + 2),
-            same_entity[..., None],
-            F.one_hot(d_chain, 2 * s_max + 2),
-        ], dim=-1).float()
+        bins = 2 * r_max + 2
+        feats = torch.zeros(*same_chain.shape, self.n_features, dtype=dtype, device=same_chain.device)
+        feats.scatter_(-1, d_residue[..., None], 1.0)
+        feats.scatter_(-1, bins + d_token[..., None], 1.0)
+        feats[..., 2 * bins] = same_entity.to(dtype)
+        feats.scatter_(-1, 2 * bins + 1 + d_chain[..., None], 1.0)
+        return feats
 
     def forward(self, residue_index: torch.Tensor, asym_id: torch.Tensor, entity_id: torch.Tensor,
                 sym_id: torch.Tensor) -> torch.Tensor:
         """[B, N] each -> p [B, N, N, c_z]."""
-        feats = self.features(residue_index, asym_id, entity_id, sym_id)
-        return self.linear(feats.to(self.linear.weight.dtype))
+        device = residue_index.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.linear.weight.dtype
+        return self.linear(self.features(residue_index, asym_id, entity_id, sym_id, dtype))
 
 
 class InputEmbedder(nn.Module):

@@ -33,7 +33,8 @@ class KernelChoice:
     tri_attn_backend : triangle attention (Alg 14/15); the attention with pair bias (Alg 24) follows it with our
         kernel or PyTorch (``mini_of3``, ``torch``; ``auto`` for the anchors, which take no single track)
     tri_mul_backend : triangle multiplication (Alg 12/13)
-    pair_transition_backend : the Pairformer's pair transition (Alg 11); the other transitions run PyTorch
+    pair_transition_backend : the pair transitions (Alg 11: the Pairformer's, and the two of the diffusion
+        conditioning, Alg 21); the single-track transitions run PyTorch
     tri_attn_activation : softmax (AF3) or sigmoid (our kernel and PyTorch only)
     tri_attn_fused_gate : with our backends, the gate sigmoid(g) inside the kernels (one gradient buffer for q, k,
         v, g) rather than in PyTorch around them

@@ -65,12 +65,16 @@ class MiniOF3(nn.Module):
             raise ValueError(f"n_recycles must be >= 0, got {n_recycles}")
         mask = batch["token_mask"]
         s_inputs, s_init, z_init = self.embedder(batch)
-        s_prev, z_prev = torch.zeros_like(s_init), torch.zeros_like(z_init)
+        s_prev = z_prev = None                   # the first cycle's: zero (Alg 1 lines 6-7)
         grad = torch.is_grad_enabled()
         for cycle in range(n_recycles + 1):
-            with torch.set_grad_enabled(grad and cycle == n_recycles):
-                z = z_init + self.linear_z_cycle(self.layer_norm_z_cycle(z_prev))
-                s = s_init + self.linear_s_cycle(self.layer_norm_s_cycle(s_prev))
+            last = cycle == n_recycles
+            with torch.set_grad_enabled(grad and last):
+                z = z_init + recycled(self.layer_norm_z_cycle, self.linear_z_cycle, z_prev, z_init)
+                s = s_init + recycled(self.layer_norm_s_cycle, self.linear_s_cycle, s_prev, s_init)
+                s_prev = z_prev = None           # nothing the Pairformer runs beside holds a pair tensor it
+                if last:                         # does not need: the previous cycle's z, and z_init once done
+                    s_init = z_init = None
                 s, z = self.pairformer(s, z, mask)
             s_prev, z_prev = s.detach(), z.detach()
         return s_inputs, s, z
@@ -142,6 +146,14 @@ class MiniOF3(nn.Module):
         centres = (torch.arange(n_bins, device=x.device, dtype=torch.float32) + 0.5) / n_bins
         return {"coords": x, "plddt": 100.0 * (probs * centres).sum(-1),
                 "distogram_logits": self.distogram_head(z).float()}
+
+
+def recycled(norm: nn.Module, linear: nn.Module, previous: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """LinearNoBias(LayerNorm(previous)) (AF3 SI Alg 1 lines 8 and 11). The first cycle's previous is zero, the same
+    in every position: computed on one zero row [c] and broadcast, so no zero tensor of ``like``'s shape is made."""
+    if previous is None:
+        return linear(norm(like.new_zeros(like.shape[-1])))
+    return linear(norm(previous))
 
 
 def build_model(cfg: ModelConfig) -> MiniOF3:

@@ -18,11 +18,12 @@ class Transition(nn.Module):
     ----------
     c : channels of the input and output
     n : expansion factor (4 in the Pairformer, 2 in the diffusion conditioning)
-    kernels : for the Pairformer's pair transition, the kernel choice, whose pair_transition_backend picks
+    kernels : for the pair transitions (Pairformer, diffusion conditioning), the kernel choice, whose
+        pair_transition_backend picks
         "torch" (PyTorch, as below), "mini_of3" (our fused kernel, :func:`mini_of3.kernels.transition`: the hidden
         activations stay on the chip; CUDA, or CPU under TRITON_INTERPRET=1) or "auto" (the kernel on CUDA where it
         takes the widths and dtype: c <= 256, c and n c multiples of 16, 16- or 32-bit floats; else PyTorch);
-        None (every other transition): PyTorch
+        None (the single-track transitions): PyTorch
     """
 
     def __init__(self, *, c: int, n: int = 4, kernels: KernelChoice | None = None) -> None:

@@ -386,14 +386,16 @@ def test_transition_backend_choice(monkeypatch, backend, c, device_is_cuda, uses
     assert calls == (["triton"] if uses_kernel else [])
 
 
-def test_transitions_other_than_the_pair_transition_run_pytorch():
-    """Only the Pairformer's pair transition takes model.pair_transition_backend; the single track's, the diffusion
-    conditioning's and the heads' run their PyTorch code."""
+def test_the_pair_transitions_take_the_backend_the_single_track_runs_pytorch():
+    """model.pair_transition_backend reaches every pair transition: the Pairformer's (n = 4) and the diffusion
+    conditioning's two (n = 2, AF3 SI Alg 21); the single track's and the heads' run their PyTorch code."""
     model = build_model(tiny_config(pair_transition_backend="mini_of3"))
     from mini_of3.model.transition import Transition
     backends = {name: m.backend for name, m in model.named_modules() if isinstance(m, Transition)}
-    pair = {name for name in backends if name.endswith("pair_transition")}
-    assert pair and all(backends[name] == "mini_of3" for name in pair)
+    pair = {name for name in backends if name.endswith("pair_transition") or ".pair_transitions." in name}
+    assert {name for name in pair if "conditioning" in name} == {"diffusion.conditioning.pair_transitions.0",
+                                                                  "diffusion.conditioning.pair_transitions.1"}
+    assert all(backends[name] == "mini_of3" for name in pair)
     assert len(backends) > len(pair) and all(b == "torch" for name, b in backends.items() if name not in pair)
 
 

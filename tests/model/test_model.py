@@ -132,3 +132,24 @@ def test_build_model_rejects_bad_config():
         build_model(tiny_config(c_token=30, diffusion_heads=4))
     with pytest.raises(ValueError, match="tri_attn_backend"):
         build_model(tiny_config(tri_attn_backend="flash"))
+
+
+def test_trunk_recycles_from_zero_without_a_zero_pair_tensor():
+    """The first cycle's LinearNoBias(LayerNorm(0)) from one zero row, broadcast (AF3 SI Alg 1 lines 6-11): the trunk
+    equals the cycles computed on zero tensors of the full shapes, float64, with 0 and 2 recycles."""
+    torch.manual_seed(0)
+    model = build_model(tiny_config()).double().eval()
+    perturb_zero_parameters(model)
+    batch = batch_with_padding()
+    for n_recycles in (0, 2):
+        with torch.no_grad():
+            s_inputs, s, z = model.trunk(batch, n_recycles)
+            _, s_ref, z_ref = model.embedder(batch)
+            s_init, z_init = s_ref.double(), z_ref.double()
+            s_prev, z_prev = torch.zeros_like(s_init), torch.zeros_like(z_init)
+            for _ in range(n_recycles + 1):
+                z_ref = z_init + model.linear_z_cycle(model.layer_norm_z_cycle(z_prev))
+                s_ref = s_init + model.linear_s_cycle(model.layer_norm_s_cycle(s_prev))
+                s_prev, z_prev = model.pairformer(s_ref, z_ref, batch["token_mask"])
+        torch.testing.assert_close(z, z_prev, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(s, s_prev, rtol=1e-12, atol=1e-12)
