@@ -217,7 +217,6 @@ def score_arm(arm: planning.Arm, seed: int, folder: Path, entries, steps: int, c
     write_json(result, run_dir / "arm.json")
     for checkpoints in (run_dir / "checkpoints", run_dir / "start" / "checkpoints"):
         shutil.rmtree(checkpoints, ignore_errors=True)
-    free_memory()
     return result
 
 
