@@ -32,15 +32,15 @@ def test_flops_count_real_tokens_only():
 
 def test_sigmoid_bench_writes_rows_and_a_plot(tmp_path, capsys):
     sigmoid.main(["--shapes", "b2t24d32,varlen3d32c", "--varlen-range", "4,30", "--impls",
-                  "mini_of3,mini_of3_tanh,triton_sigmoid,cudnn", "--heads", "2", "--err-heads", "1", "--reps", "1", "--warmup", "0",
+                  "mini_of3,mini_of3_tanh,mini_of3+scores_budget=0,triton_sigmoid,cudnn", "--heads", "2", "--err-heads", "1", "--reps", "1", "--warmup", "0",
                   "--out", str(tmp_path), "--tag", "t"])
     result = json.loads((tmp_path / "sigmoid_t.json").read_text())
     assert result["bench"] == "sigmoid" and (tmp_path / "sigmoid_t.png").stat().st_size > 0
     assert {"device", "torch", "triton", "commit", "command", "versions"} <= set(result)
     rows = {(r["impl"], r["shape"]): r for r in result["rows"]}
-    assert len(rows) == 8
+    assert len(rows) == 10
     for shape in ("b2t24d32", "varlen3d32c"):
-        for name in ("mini_of3", "mini_of3_tanh"):
+        for name in ("mini_of3", "mini_of3_tanh", "mini_of3+scores_budget=0"):
             ours = rows[name, shape]
             assert ours["fwd_ms"] > 0 and ours["fwdbwd_ms"] > 0 and ours["tflops_fwd"] > 0 and ours["dtype"] == "bf16"
             assert set(ours["err"]) == {"o", "dq", "dk", "dv"} and max(ours["err"].values()) < 1e-2
@@ -58,6 +58,10 @@ def test_sigmoid_bench_writes_rows_and_a_plot(tmp_path, capsys):
     (["--varlen-range", "9,3"], "--varlen-range: expected 1 <= low <= high"),
     (["--err-heads", "17"], "--err-heads <= --heads"),
     (["--sigmoid", "tanh"], "--sigmoid: only with --sweep"),
+    (["--impls", "cudnn+dq_warps=4"], "only ours (mini_of3...) take tile fields"),
+    (["--impls", "mini_of3+dq_wraps=4"], "unknown fields ['dq_wraps']"),
+    (["--impls", "mini_of3+dq_warps"], "expected field=value, got 'dq_warps'"),
+    (["--tiles", "nope=1"], "unknown fields ['nope']"),
 ])
 def test_bad_arguments_give_one_clear_line(argv, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -76,3 +80,15 @@ def test_sweep_tunes_tiles_for_a_named_sigmoid(tmp_path, capsys):
     assert tuned and all(r["fields"]["sigmoid"] == "tanh" for r in tuned)
     assert all(r["best"]["sigmoid"] == "tanh" for r in rows)
     assert "best for b1t40d32" in capsys.readouterr().out
+
+
+def test_sweep_from_tile_fields_tunes_the_scores_reader(tmp_path):
+    """``--tiles scores_budget=...``: every row runs with the stored scores, and the dq kernel swept is
+    _bwd_dq_scores (dqs_* fields), its best reported with the budget."""
+    sigmoid.main(["--sweep", "--sigmoid", "exact", "--tiles", "scores_budget=1048576", "--shapes", "b1t40d32",
+                  "--heads", "1", "--err-heads", "0", "--reps", "1", "--warmup", "0", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "sigmoid_sweep.json").read_text())["rows"]
+    swept = {key for r in rows for key in r["fields"]}
+    assert {"dqs_block_m", "dqs_warps"} <= swept and "dq_block_m" not in swept
+    assert all("error" not in r for r in rows)
+    assert rows[-1]["best"]["scores_budget"] == 1048576

@@ -10,6 +10,8 @@ Implementations (``--impls``):
                     the longest sequence, with seq_lens) on the varlen batch; skipped with a note when not installed
     cudnn, flash    softmax SDPA (``sdpa_kernel(CUDNN_ATTENTION / FLASH_ATTENTION)`` on [B, H, T, D] views), for
                     reference: on the varlen batch they run the padded batch unmasked
+Ours take ``sigmoid_tiles`` fields after the name, ``+field=value`` each: ``mini_of3_tanh+scores_budget=0`` is ours
+with tanh and the backward that recomputes dq.
 Per row: fwd and fwd+bwd ms (median of CUDA-event timings after warm-up, two input sets rotated; random inputs),
 TFLOP/s over real tokens only (forward 4 H D sum_s Lq_s Lk_s, halved for causal; forward+backward 3.5x), the error
 of o, dq, dk, dv against float64 (norm-relative, computed on the GPU per sequence in query chunks, on the first
@@ -19,7 +21,8 @@ repeat o and every gradient bit for bit. Writes ``sigmoid[_TAG].json`` (DESIGN.m
 
 ``--sweep`` instead times our kernels under several tile configurations and sigmoid evaluations on the given shapes
 (default b4t4096d64, b4t4096d128) and prints the best per shape as a ``Tiles(...)`` line for DEFAULT_TILES;
-``--sigmoid tanh`` tunes the tiles for that evaluation instead of the fastest accurate one.
+``--sigmoid tanh`` tunes the tiles for that evaluation instead of the fastest accurate one; ``--tiles
+field=value,...`` starts from those fields (with a scores_budget the dq kernel swept is _bwd_dq_scores).
 """
 from __future__ import annotations
 
@@ -131,9 +134,25 @@ class Impl:
     tiles: dict = dataclasses.field(default_factory=dict)
 
 
+def tile_fields(text: str, separator: str) -> dict:
+    """``field=value`` items of ``sigmoid_tiles`` (integers where they parse) split at ``separator``."""
+    fields = {}
+    for item in filter(None, text.split(separator)):
+        field, _, value = item.partition("=")
+        if not field or not value:
+            raise ValueError(f"expected field=value, got {item!r}")
+        fields[field] = int(value) if re.fullmatch(r"-?\d+", value) else value
+    return fields
+
+
 def load_impl(name: str, shape: Shape) -> Impl:
     """The implementation ``name`` for ``shape``; raises with a reason when it cannot run."""
     same = lambda t: t   # noqa: E731
+    if "+" in name:
+        base, _, fields = name.partition("+")
+        impl = load_impl(base, shape)
+        impl.tiles = {**impl.tiles, **tile_fields(fields, "+")}
+        return impl
     if name == "mini_of3_tanh":
         impl = load_impl("mini_of3", shape)
         impl.tiles = {"sigmoid": "tanh"}
@@ -317,6 +336,9 @@ DKDV_CANDIDATES = [(64, 128, 8, 3), (32, 128, 8, 3), (64, 128, 8, 2), (32, 128, 
 DQ_CANDIDATES = [(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3),
                  (64, 32, 4, 3), (128, 128, 8, 2)]
 
+DQS_CANDIDATES = [(64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 2),
+                  (64, 32, 4, 4), (32, 64, 4, 3)]
+
 
 def _fields(kernel: str, config: tuple[int, int, int, int]) -> dict:
     return dict(zip((f"{kernel}_block_m", f"{kernel}_block_n", f"{kernel}_warps", f"{kernel}_stages"), config))
@@ -338,7 +360,7 @@ def sweep_shape(shape: Shape, args, device: torch.device) -> list[dict]:
 
         row = {"shape": shape.name, "D": shape.D, "fields": fields}
         try:
-            with sigmoid_tiles(**fields):
+            with sigmoid_tiles(**args.tile_fields), sigmoid_tiles(**fields):
                 row["fwd_ms"] = median_ms(fwd, device, args.reps, args.warmup)
                 row["fwdbwd_ms"] = median_ms(lambda r: forward_backward(impl, *bound[r % 2]), device, args.reps,
                                              args.warmup)
@@ -349,19 +371,21 @@ def sweep_shape(shape: Shape, args, device: torch.device) -> list[dict]:
         print(" ", {k: v for k, v in row.items() if k not in ("shape", "D")}, flush=True)
         return row
 
-    default = current_tiles(shape.D, torch.bfloat16)
+    with sigmoid_tiles(**args.tile_fields):
+        default = current_tiles(shape.D, torch.bfloat16)
     rows = [measure({"sigmoid": variant}) for variant in SIGMOID_VARIANTS]
     best = {"sigmoid": args.sigmoid or _fastest(rows, "fwdbwd_ms", lambda r: r["fields"]["sigmoid"] != "tanh",
                                                 default.sigmoid)}
+    dq = ("dqs", DQS_CANDIDATES) if default.scores_budget > 0 else ("dq", DQ_CANDIDATES)
     for kernel, candidates, key in (("fwd", FWD_CANDIDATES, "fwd_ms"), ("dkdv", DKDV_CANDIDATES, "fwdbwd_ms"),
-                                    ("dq", DQ_CANDIDATES, "fwdbwd_ms")):
+                                    (*dq, "fwdbwd_ms")):
         kernel_rows = [measure({**_fields(kernel, c), "sigmoid": best["sigmoid"]}) for c in candidates]
         rows += kernel_rows
         fallback = {f: getattr(default, f) for f in _fields(kernel, (0, 0, 0, 0))}
         best.update(_fastest(kernel_rows, key, None, fallback, kernel))
     combined = measure(dict(best))
     rows.append(combined)
-    tiles = dataclasses.replace(default, **best)
+    tiles = dataclasses.replace(default, **best)   # the --tiles fields included
     print(f"\nbest for {shape.name}: {tiles}\n  fwd {combined.get('fwd_ms')} ms, fwd+bwd {combined.get('fwdbwd_ms')} "
           "ms", flush=True)
     for row in rows:
@@ -423,6 +447,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--sweep", action="store_true", help="tune our tiles and sigmoid evaluation instead")
     parser.add_argument("--sigmoid", choices=SIGMOID_VARIANTS, default=None,
                         help="--sweep: tune the tiles for this evaluation (default: the fastest accurate one)")
+    parser.add_argument("--tiles", default="", help="--sweep: start from these sigmoid_tiles fields, "
+                        "field=value,... (e.g. scores_budget=0)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, errors on one head")
     parser.add_argument("--out", default="runs/bench", help="folder of the JSON and PNG (default: runs/bench)")
     parser.add_argument("--tag", default="")
@@ -436,8 +462,18 @@ def parse_args(argv: list[str] | None):
     if not 1 <= low <= high:
         raise SystemExit(f"--varlen-range: expected 1 <= low <= high, got {args.varlen_range!r}")
     args.impl_names = [i for i in args.impls.split(",") if i]
-    if not args.impl_names or any(i not in IMPLS for i in args.impl_names):
+    bases = [i.partition("+")[0] for i in args.impl_names]
+    if not args.impl_names or any(b not in IMPLS for b in bases):
         raise SystemExit(f"--impls: expected some of {list(IMPLS)}, got {args.impls!r}")
+    try:
+        args.tile_fields = tile_fields(args.tiles, ",")
+        for name in args.impl_names:
+            if "+" in name and not name.startswith("mini_of3"):
+                raise ValueError(f"{name}: only ours (mini_of3...) take tile fields")
+            with sigmoid_tiles(**{**args.tile_fields, **tile_fields(name.partition("+")[2], "+")}):
+                pass
+    except ValueError as err:
+        raise SystemExit(f"--impls / --tiles: {err}") from None
     if args.sigmoid and not args.sweep:
         raise SystemExit("--sigmoid: only with --sweep (the benchmark times mini_of3 and mini_of3_tanh as impls)")
     if args.reps < 1 or args.warmup < 0 or args.heads < 1 or not 0 <= args.err_heads <= args.heads:

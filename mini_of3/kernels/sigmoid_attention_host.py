@@ -40,6 +40,11 @@ class Tiles:
     dq_warps: int
     dq_stages: int
     sigmoid: str
+    scores_budget: int = 0         # bytes of dS^T workspace the backward may take (0: dq recomputes; see backward)
+    dqs_block_m: int = 64          # _bwd_dq_scores
+    dqs_block_n: int = 64
+    dqs_warps: int = 4
+    dqs_stages: int = 3
 
 
 # 16-bit inputs on the GPU, per head dim: the fastest of `python -m mini_of3.bench sigmoid --sweep` on an H100 at
@@ -53,7 +58,7 @@ DEFAULT_TILES = {
 FLOAT32_TILES = Tiles(32, 32, 4, 1, 32, 32, 4, 1, 32, 32, 4, 1, "exact")
 # the CPU interpreter: small, unequal blocks, so that tests of a few dozen tokens cross several of each; "rcp" as on
 # the GPU, which the interpreter (no PTX) evaluates exactly, as "exact"
-INTERPRETER_TILES = Tiles(32, 16, 4, 1, 16, 32, 4, 1, 16, 16, 4, 1, "rcp")
+INTERPRETER_TILES = Tiles(32, 16, 4, 1, 16, 32, 4, 1, 16, 16, 4, 1, "rcp", 0, 32, 16, 4, 1)
 
 sigmoid_tiles = TileOverride("sigmoid_tiles", Tiles)
 """``with sigmoid_tiles(fwd_block_n=128, sigmoid="rcp"):`` these fields (any Tiles field) instead of the defaults, for
@@ -124,7 +129,9 @@ def forward(q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: int, ca
 
 def backward(do, q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: int, causal: bool, scale: float,
              bias_value: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv (the inputs' shapes, contiguous) by _bwd_dkdv, then _bwd_dq."""
+    """dq, dk, dv (the inputs' shapes, contiguous). Where the dS^T of ``heads`` >= 1 heads fits the tiles'
+    scores_budget (scores_heads), per chunk of that many heads: _bwd_dkdv storing dS^T, then _bwd_dq_scores
+    reading it; else _bwd_dkdv, then _bwd_dq recomputing sigma and dP, over all heads."""
     if do.stride(-1) != 1:
         do = do.contiguous()
     tiles = current_tiles(q.shape[-1], q.dtype)
@@ -132,21 +139,64 @@ def backward(do, q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: in
     H = q.shape[-2]
     dk = allocate(k.shape, k.dtype, k.device)
     dv = allocate(v.shape, v.dtype, v.device)
+    dq = allocate(q.shape, q.dtype, q.device)
     common = (_or(seq_q, q), _or(seq_k, q), bias_ptr)
     strides = (*_token_strides(q), *_token_strides(k), *_token_strides(v), *_token_strides(do))
     tail = (sb_s, sb_h, _float(bias_value), *_lengths(q, k, layout), scale)
-    grid = (triton_cdiv(max_k, tiles.dkdv_block_n), H, n_seq)
-    if min(grid) > 0:
-        launch(K._bwd_dkdv, grid, q, k, v, do, dk, dv, *common, *strides, *_token_strides(dk), *tail, **flags,
-               BLOCK_M=tiles.dkdv_block_m, BLOCK_N=tiles.dkdv_block_n, num_warps=tiles.dkdv_warps,
-               num_stages=tiles.dkdv_stages)
-    dq = allocate(q.shape, q.dtype, q.device)
-    grid = (triton_cdiv(max_q, tiles.dq_block_m), H, n_seq)
-    if min(grid) > 0:
+    dkdv_tiles = dict(BLOCK_M=tiles.dkdv_block_m, BLOCK_N=tiles.dkdv_block_n, num_warps=tiles.dkdv_warps,
+                      num_stages=tiles.dkdv_stages)
+    if min(max_q, max_k, H, n_seq) == 0:                        # no scores: every gradient is zero
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    n_key_blocks, n_query_blocks = triton_cdiv(max_k, tiles.dkdv_block_n), triton_cdiv(max_q, tiles.dqs_block_m)
+    chunk = scores_heads(tiles, q, k, n_seq, layout, max_q, max_k)
+    if chunk == 0:
+        launch(K._bwd_dkdv, (n_key_blocks, H, n_seq), q, k, v, do, dk, dv, *common, q, q, *strides,
+               *_token_strides(dk), *tail, 0, **flags, **dkdv_tiles, STORE_DS=False)
+        grid = (triton_cdiv(max_q, tiles.dq_block_m), H, n_seq)
         launch(K._bwd_dq, grid, q, k, v, do, dq, *common, *strides, *_token_strides(dq), *tail, **flags,
                BLOCK_M=tiles.dq_block_m, BLOCK_N=tiles.dq_block_n, num_warps=tiles.dq_warps,
                num_stages=tiles.dq_stages)
+        return dq, dk, dv
+    workspace = allocate((chunk * scores_per_head(q, k, n_seq, layout, max_q, max_k),), q.dtype, q.device)
+    offsets = _scores_offsets(seq_q, seq_k) if layout == "varlen" else q
+    for h0 in range(0, H, chunk):
+        heads = min(chunk, H - h0)
+        launch(K._bwd_dkdv, (n_key_blocks, heads, n_seq), q, k, v, do, dk, dv, *common, workspace, offsets,
+               *strides, *_token_strides(dk), *tail, h0, **flags, **dkdv_tiles, STORE_DS=True)
+        launch(K._bwd_dq_scores, (n_query_blocks, heads, n_seq), k, dq, *common[:2], workspace, offsets,
+               *_token_strides(k), *_token_strides(dq), *_lengths(q, k, layout), scale, h0, LAYOUT=layout,
+               CAUSAL=causal, DOT_PREC=flags["DOT_PREC"], BLOCK_M=tiles.dqs_block_m, BLOCK_N=tiles.dqs_block_n,
+               HEAD_DIM=flags["HEAD_DIM"], num_warps=tiles.dqs_warps, num_stages=tiles.dqs_stages)
     return dq, dk, dv
+
+
+def _aligned(n):
+    """A workspace row's length for n queries: n rounded up to 16 (int or tensor)."""
+    return (n + 15) // 16 * 16
+
+
+def scores_per_head(q, k, n_seq: int, layout: str, max_q: int, max_k: int) -> int:
+    """Elements of one head's dS^T in the workspace (varlen: an upper bound, known without reading cu_seqlens)."""
+    if layout == "varlen":
+        return min(k.shape[0], n_seq * max_k) * _aligned(max_q)
+    return n_seq * k.shape[1] * _aligned(q.shape[1])
+
+
+def scores_heads(tiles: Tiles, q, k, n_seq: int, layout: str, max_q: int, max_k: int) -> int:
+    """Heads per chunk of the backward from stored scores: as many as fit tiles.scores_budget bytes, spread evenly
+    over the fewest chunks; 0 (recompute dq) where not even one fits."""
+    per_head = scores_per_head(q, k, n_seq, layout, max_q, max_k) * q.element_size()
+    H = q.shape[-2]
+    fits = min(H, tiles.scores_budget // per_head) if per_head > 0 else H
+    if fits == 0:
+        return 0
+    return triton_cdiv(H, triton_cdiv(H, fits))
+
+
+def _scores_offsets(cu_q: torch.Tensor, cu_k: torch.Tensor) -> torch.Tensor:
+    """int64 [S]: where each sequence's dS^T block [Lk, aligned(Lq)] of one head starts (exclusive prefix sums)."""
+    sizes = (cu_k[1:] - cu_k[:-1]).long() * _aligned((cu_q[1:] - cu_q[:-1]).long())
+    return torch.cumsum(sizes, 0) - sizes
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -9,13 +9,18 @@ bottom-right: query i of a sequence with Lq queries and Lk keys sees the keys k 
 
 Launch order, each kernel's grid and what it reads and writes:
     _fwd        grid (query blocks of max_seqlen_q, H, S); reads q, k, v; writes o.
-    _bwd_dkdv   grid (key blocks of max_seqlen_k, H, S); reads q, k, v, dO; writes dk, dv.
-    _bwd_dq     grid (query blocks of max_seqlen_q, H, S); reads q, k, v, dO; writes dq.
+    _bwd_dkdv   grid (key blocks of max_seqlen_k, Hc, S); reads q, k, v, dO; writes dk, dv (and, STORE_DS, dS^T
+                into the scores workspace).
+    _bwd_dq     grid (query blocks of max_seqlen_q, H, S); reads q, k, v, dO; writes dq: recomputes sigma and dP.
+ or _bwd_dq_scores  grid (query blocks of max_seqlen_q, Hc, S); reads k and the workspace; writes dq.
+The backward is either _bwd_dkdv + _bwd_dq over all heads (7 products per score: 4 + 3), or, when the scores
+workspace fits its budget, _bwd_dkdv storing dS^T + _bwd_dq_scores per chunk of Hc heads (5 products and 4 bytes of
+memory traffic per score in 16-bit: the dS^T written and read back).
 Programs past their sequence's length do no work (padded layout: they write its zero rows). No statistics cross
 kernels: sigmoid has no row max or normaliser, so the backward needs neither lse nor delta; dS = dP sigma (1 - sigma).
 Every output element is written by one program and every sum runs in a fixed order, with no atomics: results repeat
-bitwise. dq in its own kernel is also the faster backward on an H100: bf16, B = 4, T = 4096, H = 16, forward+backward
-4.98 ms at D = 128 and 2.88 ms at D = 64, against 18.19 and 7.51 ms with dq added atomically inside _bwd_dkdv.
+bitwise. The atomic alternative measured slower on an H100: bf16, B = 4, T = 4096, H = 16, forward+backward 4.98 ms
+at D = 128 and 2.88 ms at D = 64 with _bwd_dq, against 18.19 and 7.51 ms with dq added atomically inside _bwd_dkdv.
 
 Where the time goes (H100, per score element; tensor cores ~4096 FLOP/clk/SM in bf16, the special-function unit
 MUFU ~16 ops/clk/SM, the FP32 pipe 128 ops/clk/SM): the forward's two products cost 4 D FLOP = 0.125 clk at
@@ -171,6 +176,23 @@ def _scores_seen_t(offs_n, offs_m, Lq, Lk, CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def _scores_base(WS, WS_OFF, s, hc, Hc, Lq, Lk, Tq, Tk, LAYOUT: tl.constexpr):
+    """(pointer to dS^T[key 0, query 0] of sequence s and workspace head hc of Hc, its row stride ld). Per sequence
+    the workspace holds Hc blocks [keys, ld], ld the queries rounded up to 16 (aligned rows): dense and padded
+    [Tk, ld(Tq)] at s Hc Tk ld(Tq); varlen [Lk, ld(Lq)] at Hc WS_OFF[s] (int64, exclusive prefix sums)."""
+    if LAYOUT == "varlen":
+        ld = (Lq + 15) // 16 * 16
+        first = tl.load(WS_OFF + s) * Hc
+        rows = Lk
+    else:
+        ld = (Tq + 15) // 16 * 16
+        first = tl.cast(s, tl.int64) * Hc * Tk * ld
+        rows = Tk
+    ld = tl.multiple_of(ld, 16)
+    return WS + (first + tl.cast(hc, tl.int64) * rows * ld), ld
+
+
+@triton.jit
 def _store_rows(base, offs, offs_d, s_t, value, n_valid, n_store):
     """Rows offs of value: rows < n_valid as computed, rows in [n_valid, n_store) as zeros (padding)."""
     value = tl.where(offs[:, None] < n_valid, value, 0.0)
@@ -235,11 +257,12 @@ def _fwd(Q, K, V, O, SEQ_Q, SEQ_K, BIAS,
 
 
 @triton.jit
-def _dkdv_block(dk, dv, k, v, q_base, do_base, offs_m, offs_n, offs_d, sq_t, sdo_t, Lq, Lk, mul, add,
-                MASKED: tl.constexpr, CAUSAL: tl.constexpr, SIGMOID: tl.constexpr, ASM: tl.constexpr,
-                DOT_PREC: tl.constexpr):
+def _dkdv_block(dk, dv, k, v, q_base, do_base, ds_base, ds_ld, offs_m, offs_n, offs_d, sq_t, sdo_t, Lq, Lk, mul,
+                add, MASKED: tl.constexpr, CAUSAL: tl.constexpr, SIGMOID: tl.constexpr, ASM: tl.constexpr,
+                DOT_PREC: tl.constexpr, STORE_DS: tl.constexpr):
     """dK, dV of one key block += the contribution of one query block [BLOCK_M], in transposed tiles [key, query]
-    (sigma^T and dS^T are the A operands of their products straight from registers)."""
+    (sigma^T and dS^T are the A operands of their products straight from registers). STORE_DS: dS^T / scale also
+    goes to the scores workspace (rows of keys, ds_ld apart), for _bwd_dq_scores."""
     q = _load_rows(q_base, offs_m, offs_d, sq_t, Lq, MASKED)                                # [BM, D]
     do = _load_rows(do_base, offs_m, offs_d, sdo_t, Lq, MASKED)                             # [BM, D]
     pt = _sigmoid(dot(k, tl.trans(q), DOT_PREC) * mul + add, SIGMOID, ASM)                 # [BN, BM]
@@ -247,26 +270,38 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, offs_m, offs_n, offs_d, sq_t, sdo
         pt = tl.where(_scores_seen_t(offs_n, offs_m, Lq, Lk, CAUSAL), pt, 0.0)
     dpt = dot(v, tl.trans(do), DOT_PREC)                                                   # [BN, BM]
     dv = dot(pt.to(do.dtype), do, DOT_PREC, dv)
-    dst = dpt * (pt - pt * pt)                                                              # dS^T / scale
-    dk = dot(dst.to(q.dtype), q, DOT_PREC, dk)
+    dst = (dpt * (pt - pt * pt)).to(q.dtype)                                                # dS^T / scale
+    dk = dot(dst, q, DOT_PREC, dk)
+    if STORE_DS:
+        ptrs = ds_base + tl.cast(offs_n, tl.int64)[:, None] * ds_ld + offs_m[None, :]
+        if MASKED:
+            tl.store(ptrs, dst, mask=(offs_n[:, None] < Lk) & (offs_m[None, :] < Lq))
+        else:
+            tl.store(ptrs, dst, mask=offs_n[:, None] < Lk)
     return dk, dv
 
 
 @triton.jit
-def _bwd_dkdv(Q, K, V, DO, DK, DV, SEQ_Q, SEQ_K, BIAS,
+def _bwd_dkdv(Q, K, V, DO, DK, DV, SEQ_Q, SEQ_K, BIAS, WS, WS_OFF,
               sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sdo_b, sdo_t, sdo_h,
               sdk_b, sdk_t, sdk_h, sb_s, sb_h, bias_value,
-              Tq, Tk, scale,
+              Tq, Tk, scale, h0,
               LAYOUT: tl.constexpr, CAUSAL: tl.constexpr, BIAS_KIND: tl.constexpr, SIGMOID: tl.constexpr,
               ASM: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              HEAD_DIM: tl.constexpr):
-    """dk, dv of one key block of one (sequence, head): a loop over the query blocks that see it accumulates
-    dV = sigma^T dO and dK = scale dS^T Q in registers. dk and dv share strides (sdk_*)."""
+              HEAD_DIM: tl.constexpr, STORE_DS: tl.constexpr):
+    """dk, dv of one key block of one (sequence, head h0 + program_id(1)): a loop over the query blocks that see it
+    accumulates dV = sigma^T dO and dK = scale dS^T Q in registers. dk and dv share strides (sdk_*). STORE_DS: dS^T
+    also goes to the scores workspace WS (_scores_base)."""
     nb = tl.program_id(0)
-    h = tl.program_id(1)
+    hc = tl.program_id(1)
+    h = h0 + hc
     s = tl.program_id(2)
     q_start, Lq = _span(SEQ_Q, s, Tq, LAYOUT)
     k_start, Lk = _span(SEQ_K, s, Tk, LAYOUT)
+    if STORE_DS:
+        ds_base, ds_ld = _scores_base(WS, WS_OFF, s, hc, tl.num_programs(1), Lq, Lk, Tq, Tk, LAYOUT)
+    else:
+        ds_base, ds_ld = WS, 0
     n0 = nb * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -280,14 +315,14 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, SEQ_Q, SEQ_K, BIAS,
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     for m0 in range(start, full_start, BLOCK_M):
-        dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, m0 + offs_mt, offs_n, offs_d, sq_t, sdo_t, Lq, Lk,
-                             mul, add, True, CAUSAL, SIGMOID, ASM, DOT_PREC)
+        dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, ds_base, ds_ld, m0 + offs_mt, offs_n, offs_d, sq_t,
+                             sdo_t, Lq, Lk, mul, add, True, CAUSAL, SIGMOID, ASM, DOT_PREC, STORE_DS)
     for m0 in range(full_start, full_end, BLOCK_M):
-        dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, m0 + offs_mt, offs_n, offs_d, sq_t, sdo_t, Lq, Lk,
-                             mul, add, False, CAUSAL, SIGMOID, ASM, DOT_PREC)
+        dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, ds_base, ds_ld, m0 + offs_mt, offs_n, offs_d, sq_t,
+                             sdo_t, Lq, Lk, mul, add, False, CAUSAL, SIGMOID, ASM, DOT_PREC, STORE_DS)
     for m0 in range(full_end, end, BLOCK_M):
-        dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, m0 + offs_mt, offs_n, offs_d, sq_t, sdo_t, Lq, Lk,
-                             mul, add, True, CAUSAL, SIGMOID, ASM, DOT_PREC)
+        dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, ds_base, ds_ld, m0 + offs_mt, offs_n, offs_d, sq_t,
+                             sdo_t, Lq, Lk, mul, add, True, CAUSAL, SIGMOID, ASM, DOT_PREC, STORE_DS)
     n_store = Tk if LAYOUT == "padded" else Lk
     _store_rows(_base(DK, s, k_start, h, sdk_b, sdk_t, sdk_h), offs_n, offs_d, sdk_t,
                 (dk * scale).to(DK.dtype.element_ty), Lk, n_store)
@@ -343,6 +378,55 @@ def _bwd_dq(Q, K, V, DO, DQ, SEQ_Q, SEQ_K, BIAS,
     for n0 in range(full_end, end, BLOCK_N):
         dq = _dq_block(dq, q, do, k_base, v_base, offs_m, n0 + offs_nt, offs_d, sk_t, sv_t, Lq, Lk, mul, add,
                        True, CAUSAL, SIGMOID, ASM, DOT_PREC)
+    n_store = Tq if LAYOUT == "padded" else Lq
+    _store_rows(_base(DQ, s, q_start, h, sdq_b, sdq_t, sdq_h), offs_m, offs_d, sdq_t,
+                (dq * scale).to(DQ.dtype.element_ty), Lq, n_store)
+
+
+@triton.jit
+def _dq_scores_block(dq, k_base, ds_base, ds_ld, offs_m, offs_n, offs_d, sk_t, Lq, Lk,
+                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
+    """dQ / scale of one query block += dS k over one key block, dS^T read from the scores workspace."""
+    k = _load_rows(k_base, offs_n, offs_d, sk_t, Lk, MASKED)                                # [BN, D]
+    ptrs = ds_base + tl.cast(offs_n, tl.int64)[:, None] * ds_ld + offs_m[None, :]
+    if MASKED:
+        dst = tl.load(ptrs, mask=_scores_seen_t(offs_n, offs_m, Lq, Lk, CAUSAL), other=0.0)   # [BN, BM]
+    else:
+        dst = tl.load(ptrs)
+    return dot(tl.trans(dst), k, DOT_PREC, dq)
+
+
+@triton.jit
+def _bwd_dq_scores(K, DQ, SEQ_Q, SEQ_K, WS, WS_OFF, sk_b, sk_t, sk_h, sdq_b, sdq_t, sdq_h, Tq, Tk, scale, h0,
+                   LAYOUT: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """dq of one query block of one (sequence, head h0 + program_id(1)) from the dS^T that _bwd_dkdv stored:
+    dQ = scale dS K accumulated in registers over the key blocks it sees, in order. Only written scores are read:
+    blocks with unseen or invalid elements (the causal diagonal, a partial key block, a partial query block) load
+    under the mask of seen scores."""
+    mb = tl.program_id(0)
+    hc = tl.program_id(1)
+    h = h0 + hc
+    s = tl.program_id(2)
+    if CAUSAL:
+        mb = tl.num_programs(0) - 1 - mb
+    q_start, Lq = _span(SEQ_Q, s, Tq, LAYOUT)
+    k_start, Lk = _span(SEQ_K, s, Tk, LAYOUT)
+    m0 = mb * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_nt = tl.arange(0, BLOCK_N)
+    k_base = _base(K, s, k_start, h, sk_b, sk_t, sk_h)
+    ds_base, ds_ld = _scores_base(WS, WS_OFF, s, hc, tl.num_programs(1), Lq, Lk, Tq, Tk, LAYOUT)
+    full_end, end = _key_blocks(m0, Lq, Lk, BLOCK_M, BLOCK_N, CAUSAL)
+    full_end = tl.where(m0 + BLOCK_M <= Lq, full_end, 0)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    for n0 in range(0, full_end, BLOCK_N):
+        dq = _dq_scores_block(dq, k_base, ds_base, ds_ld, offs_m, n0 + offs_nt, offs_d, sk_t, Lq, Lk, False, CAUSAL,
+                              DOT_PREC)
+    for n0 in range(full_end, end, BLOCK_N):
+        dq = _dq_scores_block(dq, k_base, ds_base, ds_ld, offs_m, n0 + offs_nt, offs_d, sk_t, Lq, Lk, True, CAUSAL,
+                              DOT_PREC)
     n_store = Tq if LAYOUT == "padded" else Lq
     _store_rows(_base(DQ, s, q_start, h, sdq_b, sdq_t, sdq_h), offs_m, offs_d, sdq_t,
                 (dq * scale).to(DQ.dtype.element_ty), Lq, n_store)

@@ -8,11 +8,14 @@ blocks (INTERPRETER_TILES), so a few dozen tokens cross several blocks and the c
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from mini_of3.kernels import sigmoid_attention, sigmoid_attention_ref
-from mini_of3.kernels.sigmoid_attention_host import SIGMOID_VARIANTS, sigmoid_tiles
+from mini_of3.kernels.sigmoid_attention_host import (INTERPRETER_TILES, SIGMOID_VARIANTS, current_tiles,
+                                                     scores_heads, scores_per_head, sigmoid_tiles)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # norm-relative error against float64 of the same rounded inputs. sigma and dS are rounded to the input dtype before
@@ -233,6 +236,93 @@ def test_inference_path_gives_the_same_output():
         o_inference = sigmoid_attention(q, k, v, backend="triton")
     o_autograd = sigmoid_attention(q.requires_grad_(True), k, v, backend="triton")
     assert torch.equal(o_inference, o_autograd.detach())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the backward from stored scores (dS^T in a workspace, per chunk of heads)
+
+ALL_HEADS = 1 << 40          # a scores_budget that takes every head of these tests in one chunk
+
+
+def layout_case(kind: str, case: tuple):
+    """(q, k, v, do, keyword arguments, dtype) of one DENSE / PADDED / VARLEN case."""
+    if kind == "dense":
+        B, Tq, Tk, H, D, dtype, causal = case
+        return (*make_inputs((B, Tq, H, D), (B, Tk, H, D), dtype, seed=Tq + D), dict(causal=causal), dtype)
+    if kind == "padded":
+        lens_q, lens_k, Tq, Tk, H, D, dtype, causal = case
+        B = len(lens_q)
+        kw = dict(seq_lens_q=i32(lens_q), seq_lens_k=i32(lens_k), causal=causal)
+        return (*make_inputs((B, Tq, H, D), (B, Tk, H, D), dtype, seed=Tq), kw, dtype)
+    lens_q, lens_k, H, D, dtype, causal = case
+    kw = dict(cu_seqlens_q=cumulative(lens_q), cu_seqlens_k=cumulative(lens_k), max_seqlen_q=max(lens_q),
+              max_seqlen_k=max(lens_k), causal=causal)
+    return (*make_inputs((sum(lens_q), H, D), (sum(lens_k), H, D), dtype, seed=D), kw, dtype)
+
+
+LAYOUT_CASES = [("dense", c) for c in DENSE] + [("padded", c) for c in PADDED] + [("varlen", c) for c in VARLEN]
+
+
+@pytest.mark.parametrize("kind,case", LAYOUT_CASES, ids=[f"{k}{i}" for i, (k, _) in enumerate(LAYOUT_CASES)])
+def test_backward_from_stored_scores_matches_float64(kind, case):
+    """Every layout case through _bwd_dkdv storing dS^T and _bwd_dq_scores (workspace poisoned like the outputs):
+    the float64 reference holds; o, dk and dv equal the recomputing backward's bit for bit (the same arithmetic);
+    padded rows stay zero."""
+    q, k, v, do, kw, dtype = layout_case(kind, case)
+    with sigmoid_tiles(scores_budget=ALL_HEADS):
+        got = run(sigmoid_attention, q, k, v, do, backend="triton", **kw)
+    assert_matches(got, reference(q, k, v, do, **kw), dtype)
+    recomputed = run(sigmoid_attention, q, k, v, do, backend="triton", **kw)
+    for name, a, b in zip(NAMES, got, recomputed):
+        if name != "dq":
+            assert torch.equal(a, b), name
+    if kind == "padded":
+        assert_padding_zero(got, case[0], case[1])
+
+
+def test_stored_scores_in_chunks_of_heads_give_the_same_gradients():
+    """Chunks of 1, 2 (+1) and 3 heads: each head's arithmetic does not depend on its chunk, so the results agree
+    bit for bit; a budget below one head falls back to recomputing dq."""
+    lens = [37, 5, 20]
+    q, k, v, do = make_inputs((sum(lens), 3, 32), (sum(lens), 3, 32), torch.bfloat16, seed=23)
+    kw = dict(cu_seqlens_q=cumulative(lens), cu_seqlens_k=cumulative(lens), max_seqlen_q=37, max_seqlen_k=37,
+              causal=True)
+    head_bytes = scores_per_head(q, k, 3, "varlen", 37, 37) * q.element_size()
+    results = {}
+    for budget, heads in ((head_bytes, 1), (2 * head_bytes + 1, 2), (3 * head_bytes, 3), (head_bytes - 1, 0)):
+        with sigmoid_tiles(scores_budget=budget):
+            assert scores_heads(current_tiles(32, q.dtype), q, k, 3, "varlen", 37, 37) == heads
+            results[heads] = run(sigmoid_attention, q, k, v, do, backend="triton", **kw)
+    for heads in (2, 3):
+        for name, a, b in zip(NAMES, results[1], results[heads]):
+            assert torch.equal(a, b), (heads, name)
+    assert_matches(results[1], reference(q, k, v, do, **kw), torch.bfloat16)
+    assert_matches(results[0], reference(q, k, v, do, **kw), torch.bfloat16)
+
+
+def test_scores_heads_spread_chunks_evenly():
+    q = torch.zeros(2, 16, 16, 32, dtype=torch.bfloat16)
+    per_head = scores_per_head(q, q, 2, "dense", 16, 16) * 2
+    assert per_head == 2 * 16 * 16 * 2
+    for budget, heads in ((0, 0), (per_head - 1, 0), (per_head, 1), (15 * per_head, 8), (16 * per_head, 16),
+                          (1 << 40, 16)):
+        tiles = dataclasses.replace(INTERPRETER_TILES, scores_budget=budget)
+        assert scores_heads(tiles, q, q, 2, "dense", 16, 16) == heads, budget
+
+
+@pytest.mark.parametrize("dqs", [(16, 32), (32, 16)])
+def test_stored_scores_across_every_causal_offset(dqs):
+    """test_causal_diagonal_at_every_offset through the stored scores, the reader's blocks unlike the writer's: the
+    reader loads only what the writer wrote (the workspace is poisoned)."""
+    offsets = list(range(-8, 32, 3))
+    lens_q = [33 + (5 * i) % 16 for i in range(len(offsets))]
+    lens_k = [max(lq + off, 0) for lq, off in zip(lens_q, offsets)]
+    q, k, v, do = make_inputs((sum(lens_q), 1, 32), (sum(lens_k), 1, 32), torch.float32, seed=43)
+    kw = dict(cu_seqlens_q=cumulative(lens_q), cu_seqlens_k=cumulative(lens_k), max_seqlen_q=max(lens_q),
+              max_seqlen_k=max(lens_k), causal=True)
+    with sigmoid_tiles(scores_budget=ALL_HEADS, dqs_block_m=dqs[0], dqs_block_n=dqs[1]):
+        got = run(sigmoid_attention, q, k, v, do, backend="triton", **kw)
+    assert_matches(got, reference(q, k, v, do, **kw), torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 What the interpreter cannot show: the PTX sigmoid evaluations ("rcp", "tanh": inline ex2/rcp/tanh
 approximations), the tensor-core tiles at their default sizes, and sequences of thousands of tokens (T up to 2048,
-16 packed sequences). Skipped without CUDA.
+16 packed sequences), through both backwards (dq recomputed, dq from stored scores). Skipped without CUDA.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mini_of3.kernels import sigmoid_attention
-from mini_of3.kernels.sigmoid_attention_host import SIGMOID_VARIANTS, sigmoid_tiles
+from mini_of3.kernels.sigmoid_attention_host import SIGMOID_VARIANTS, scores_per_head, sigmoid_tiles
 from tests.kernels.test_sigmoid_attention import (NAMES, assert_padding_zero, cumulative, i32, make_inputs,
                                                   reference, rel_err, run)
 
@@ -91,3 +91,42 @@ def test_bitwise_repeat():
     for other in again:
         for name, a, b in zip(NAMES, first, other):
             assert torch.equal(a, b), f"{name} differs between runs"
+
+
+@pytest.mark.parametrize("layout,D,dtype,causal", [("dense", 128, torch.bfloat16, False),
+                                                   ("padded", 128, torch.float16, True),
+                                                   ("varlen", 128, torch.bfloat16, True),
+                                                   ("varlen", 64, torch.bfloat16, False),
+                                                   ("dense", 32, torch.float32, True)])
+def test_backward_from_stored_scores(layout, D, dtype, causal):
+    """The stored-scores backward, every head in one chunk and one head per chunk: float64 holds, the chunks agree
+    bit for bit, o, dk and dv equal the recomputing backward's bit for bit."""
+    lens_q = varlen_lengths(4, 1, 1500, seed=D) if layout != "dense" else [1500] * 2
+    lens_k = lens_q if causal or layout == "dense" else varlen_lengths(4, 1, 1500, seed=D + 1)
+    H = 3
+    if layout == "varlen":
+        q, k, v, do = make_inputs((sum(lens_q), H, D), (sum(lens_k), H, D), dtype, seed=D + 3)
+        kw = dict(cu_seqlens_q=cumulative(lens_q), cu_seqlens_k=cumulative(lens_k), max_seqlen_q=max(lens_q),
+                  max_seqlen_k=max(lens_k), causal=causal)
+        n_seq, max_q, max_k = len(lens_q), max(lens_q), max(lens_k)
+    else:
+        B, Tq, Tk = len(lens_q), 1500, 1500
+        q, k, v, do = make_inputs((B, Tq, H, D), (B, Tk, H, D), dtype, seed=D + 3)
+        kw = dict(causal=causal)
+        if layout == "padded":
+            kw.update(seq_lens_q=i32(lens_q), seq_lens_k=i32(lens_k))
+        n_seq, max_q, max_k = B, Tq, Tk
+    one_head = scores_per_head(q, k, n_seq, layout, max_q, max_k) * q.element_size()
+    with sigmoid_tiles(scores_budget=one_head):
+        chunked = run(sigmoid_attention, q, k, v, do, **kw)
+    with sigmoid_tiles(scores_budget=H * one_head):
+        whole = run(sigmoid_attention, q, k, v, do, **kw)
+    with sigmoid_tiles(scores_budget=0):
+        recomputed = run(sigmoid_attention, q, k, v, do, **kw)
+    assert_matches(whole, reference(q, k, v, do, **kw), dtype)
+    for name, a, b, c in zip(NAMES, whole, chunked, recomputed):
+        assert torch.equal(a, b), name
+        if name != "dq":
+            assert torch.equal(a, c), name
+    if layout == "padded":
+        assert_padding_zero(whole, lens_q, lens_k)

@@ -8,6 +8,10 @@
 #   gluon   tools/lab/gluon_tri_attn_fwd.py (the Hopper prototypes: error against float64, time against SDPA)
 #   sweep   bench sigmoid --sweep --sigmoid $MINI_OF3_SWEEP_SIGMOID (tanh) at T = 16384, D = 128 (the 0.85x bar's
 #           shape; the tiles were tuned at T = 4096 for rcp)
+#   scores  the GPU tests of the stored-scores backward, then bench sigmoid at the D = 128 shapes and b1t16384d64:
+#           ours (rcp, tanh) recomputing dq against dq from stored scores (scores_budget 2 and 8 GiB), TritonSigmoid
+#           and cuDNN side by side
+#   sweepscores  bench sigmoid --sweep --sigmoid tanh --tiles scores_budget=2147483648 at T = 16384, D = 128
 #   MINI_OF3_COMMIT=<hash> bash tools/lab/device_predicted.sh [STEPS]      (default padded,step,tanh,padstep,gluon)
 # Carry .whl (anchors: cueq, TritonSigmoid) and .device (prepared entries). Writes $OUT/<step>.log and the benches'
 # JSON/PNG; prints each step's table last.
@@ -37,7 +41,18 @@ run_step() {   # NAME LIMIT COMMAND...: run under min(LIMIT, time left), log to 
 [[ ,$steps, == *,sweep,* ]] && run_step sweep 300 python3 -m mini_of3.bench sigmoid --sweep \
   --sigmoid ${MINI_OF3_SWEEP_SIGMOID:-tanh} --shapes b1t16384d128 --reps 10 --err-heads 1 --out $OUT \
   --tag ${MINI_OF3_SWEEP_SIGMOID:-tanh}_b1t16384d128_$MINI_OF3_COMMIT
-for name in padded step tanh padstep gluon sweep; do
+GIB2=scores_budget=2147483648
+GIB8=scores_budget=8589934592
+[[ ,$steps, == *,scores,* ]] && run_step scorestest 150 python3 -m pytest -q -x \
+  tests/kernels/test_sigmoid_attention_gpu.py -k "stored_scores or bitwise or dense"
+[[ ,$steps, == *,scores,* ]] && run_step scores 420 python3 -m mini_of3.bench sigmoid \
+  --shapes ${MINI_OF3_SIGMOID_SHAPES:-b1t16384d128,b4t4096d128,b1t16384d64,varlen16d128} --err-heads 1 --reps 10 \
+  --impls mini_of3+scores_budget=0,mini_of3+$GIB2,mini_of3_tanh+scores_budget=0,mini_of3_tanh+$GIB2,mini_of3_tanh+$GIB8,triton_sigmoid,cudnn \
+  --out $OUT --tag scores_$MINI_OF3_COMMIT
+[[ ,$steps, == *,sweepscores,* ]] && run_step sweepscores 400 python3 -m mini_of3.bench sigmoid --sweep \
+  --sigmoid tanh --tiles $GIB2 --shapes b1t16384d128 --reps 10 --err-heads 1 --out $OUT \
+  --tag scores_tanh_b1t16384d128_$MINI_OF3_COMMIT
+for name in padded step tanh padstep gluon sweep scorestest scores sweepscores; do
   [ -f $OUT/$name.log ] && { echo "== $name"; grep -v -i 'warn' $OUT/$name.log | tail -12; }
 done
 echo "($SECONDS s in all)"
