@@ -62,6 +62,7 @@ def test_sigmoid_bench_writes_rows_and_a_plot(tmp_path, capsys):
     (["--impls", "mini_of3+dq_wraps=4"], "unknown fields ['dq_wraps']"),
     (["--impls", "mini_of3+dq_warps"], "expected field=value, got 'dq_warps'"),
     (["--tiles", "nope=1"], "unknown fields ['nope']"),
+    (["--sweep", "--sweep-kernels", "dkdv,bwd"], "--sweep-kernels: expected some of fwd,dkdv,dq"),
 ])
 def test_bad_arguments_give_one_clear_line(argv, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -85,10 +86,11 @@ def test_sweep_tunes_tiles_for_a_named_sigmoid(tmp_path, capsys):
 def test_sweep_from_tile_fields_tunes_the_scores_reader(tmp_path):
     """``--tiles scores_budget=...``: every row runs with the stored scores, and the dq kernel swept is
     _bwd_dq_scores (dqs_* fields), its best reported with the budget."""
-    sigmoid.main(["--sweep", "--sigmoid", "exact", "--tiles", "scores_budget=1048576", "--shapes", "b1t40d32",
+    sigmoid.main(["--sweep", "--sigmoid", "exact", "--tiles", "scores_budget=1048576", "--sweep-kernels", "dq",
+                  "--shapes", "b1t40d32",
                   "--heads", "1", "--err-heads", "0", "--reps", "1", "--warmup", "0", "--out", str(tmp_path)])
     rows = json.loads((tmp_path / "sigmoid_sweep.json").read_text())["rows"]
     swept = {key for r in rows for key in r["fields"]}
-    assert {"dqs_block_m", "dqs_warps"} <= swept and "dq_block_m" not in swept
+    assert {"dqs_block_m", "dqs_warps"} <= swept and not {"dq_block_m", "fwd_block_m", "dkdv_block_m"} & swept
     assert all("error" not in r for r in rows)
     assert rows[-1]["best"]["scores_budget"] == 1048576

@@ -377,8 +377,9 @@ def sweep_shape(shape: Shape, args, device: torch.device) -> list[dict]:
     best = {"sigmoid": args.sigmoid or _fastest(rows, "fwdbwd_ms", lambda r: r["fields"]["sigmoid"] != "tanh",
                                                 default.sigmoid)}
     dq = ("dqs", DQS_CANDIDATES) if default.scores_budget > 0 else ("dq", DQ_CANDIDATES)
-    for kernel, candidates, key in (("fwd", FWD_CANDIDATES, "fwd_ms"), ("dkdv", DKDV_CANDIDATES, "fwdbwd_ms"),
-                                    (*dq, "fwdbwd_ms")):
+    kernels = (("fwd", FWD_CANDIDATES, "fwd_ms"), ("dkdv", DKDV_CANDIDATES, "fwdbwd_ms"), (*dq, "fwdbwd_ms"))
+    for kernel, candidates, key in [k for k in kernels if k[0] in args.sweep_kernels or k[0] == "dqs" and
+                                    "dq" in args.sweep_kernels]:
         kernel_rows = [measure({**_fields(kernel, c), "sigmoid": best["sigmoid"]}) for c in candidates]
         rows += kernel_rows
         fallback = {f: getattr(default, f) for f in _fields(kernel, (0, 0, 0, 0))}
@@ -449,6 +450,8 @@ def parse_args(argv: list[str] | None):
                         help="--sweep: tune the tiles for this evaluation (default: the fastest accurate one)")
     parser.add_argument("--tiles", default="", help="--sweep: start from these sigmoid_tiles fields, "
                         "field=value,... (e.g. scores_budget=0)")
+    parser.add_argument("--sweep-kernels", default="fwd,dkdv,dq",
+                        help="--sweep: the kernels whose tiles are swept (fwd, dkdv, dq), the others at defaults")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, errors on one head")
     parser.add_argument("--out", default="runs/bench", help="folder of the JSON and PNG (default: runs/bench)")
     parser.add_argument("--tag", default="")
@@ -478,6 +481,9 @@ def parse_args(argv: list[str] | None):
         raise SystemExit("--sigmoid: only with --sweep (the benchmark times mini_of3 and mini_of3_tanh as impls)")
     if args.reps < 1 or args.warmup < 0 or args.heads < 1 or not 0 <= args.err_heads <= args.heads:
         raise SystemExit("--reps >= 1, --warmup >= 0, --heads >= 1 and 0 <= --err-heads <= --heads expected")
+    args.sweep_kernels = args.sweep_kernels.split(",")
+    if not set(args.sweep_kernels) <= {"fwd", "dkdv", "dq"}:
+        raise SystemExit(f"--sweep-kernels: expected some of fwd,dkdv,dq, got {','.join(args.sweep_kernels)!r}")
     shapes = args.shapes or (SWEEP_SHAPES if args.sweep else DEFAULT_SHAPES)
     args.shape_list = [parse_shape(s, args.heads, (low, high)) for s in shapes.split(",") if s]
     if not args.shape_list:
