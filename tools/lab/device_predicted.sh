@@ -48,7 +48,7 @@ GIB8=scores_budget=8589934592
   tests/kernels/test_sigmoid_attention_gpu.py -k "stored_scores or bitwise or dense"
 [[ ,$steps, == *,scores,* ]] && run_step scores 420 python3 -m mini_of3.bench sigmoid \
   --shapes ${MINI_OF3_SIGMOID_SHAPES:-b1t16384d128,b4t4096d128,b1t16384d64,varlen16d128} --err-heads 1 --reps 10 \
-  --impls mini_of3+scores_budget=0,mini_of3+$GIB2,mini_of3_tanh+scores_budget=0,mini_of3_tanh+$GIB2,mini_of3_tanh+$GIB8,mini_of3_tanh+$GIB2+dqs_block_m=128+dqs_warps=8,triton_sigmoid,cudnn \
+  --impls mini_of3+scores_budget=0,mini_of3+$GIB2,mini_of3_tanh+scores_budget=0,mini_of3_tanh+$GIB2,mini_of3_tanh+$GIB8,mini_of3_tanh+$GIB2+dqs_block_m=128+dqs_warps=8,mini_of3_tanh+$GIB2+dkdv_warps=8,triton_sigmoid,cudnn \
   --out $OUT --tag scores_$MINI_OF3_COMMIT
 [[ ,$steps, == *,sweepscores,* ]] && run_step sweepscores 400 python3 -m mini_of3.bench sigmoid --sweep \
   --sigmoid tanh --tiles $GIB2 --sweep-kernels dkdv,dq --shapes b1t16384d128 --reps 10 --err-heads 1 --out $OUT \
