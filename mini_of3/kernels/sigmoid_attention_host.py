@@ -48,11 +48,13 @@ class Tiles:
 
 
 # 16-bit inputs on the GPU, per head dim: the fastest of `python -m mini_of3.bench sigmoid --sweep` on an H100 at
-# B = 4, T = 4096, H = 16 (D = 128: forward 1.11 ms, forward+backward 4.98; D = 64: 0.83 and 2.88); D = 32 not swept
+# B = 4, T = 4096, H = 16 (D = 128: forward 1.11 ms, forward+backward 4.98; D = 64: 0.83 and 2.88); D = 32 not swept.
+# D = 128 takes dq from stored scores within 2 GiB (H100, B = 1, T = 16384, tanh: forward+backward 17.86 -> 16.00 ms;
+# at D = 64 it measured slower, 9.22 -> 10.82: sigmoid_scores_430e16f_h100.json)
 DEFAULT_TILES = {
     32: Tiles(128, 64, 8, 3, 64, 128, 8, 3, 128, 64, 8, 3, "rcp"),
     64: Tiles(64, 32, 4, 3, 32, 64, 4, 3, 64, 64, 4, 3, "rcp"),
-    128: Tiles(64, 32, 4, 3, 32, 64, 4, 3, 64, 32, 4, 3, "rcp"),
+    128: Tiles(64, 32, 4, 3, 32, 64, 4, 3, 64, 32, 4, 3, "rcp", 2 << 30, 128, 64, 8, 3),
 }
 # float32 inputs (a checking path: 3xTF32 products, exact sigmoid; small tiles fit shared memory at D = 128)
 FLOAT32_TILES = Tiles(32, 32, 4, 1, 32, 32, 4, 1, 32, 32, 4, 1, "exact")

@@ -11,6 +11,8 @@
 #   scores  the GPU tests of the stored-scores backward, then bench sigmoid at the D = 128 shapes and b1t16384d64:
 #           ours (rcp, tanh) recomputing dq against dq from stored scores (scores_budget 2 and 8 GiB), TritonSigmoid
 #           and cuDNN side by side
+#   defaults  bench sigmoid at the five shapes with the default tiles: ours (rcp, tanh), tanh recomputing dq,
+#           TritonSigmoid, cuDNN
 #   sweepscores  bench sigmoid --sweep --sigmoid tanh --tiles scores_budget=2147483648 --sweep-kernels dkdv,dq at
 #           T = 16384, D = 128 (the backward's tiles with stored scores)
 #   MINI_OF3_COMMIT=<hash> bash tools/lab/device_predicted.sh [STEPS]      (default padded,step,tanh,padstep,gluon)
@@ -50,10 +52,15 @@ GIB8=scores_budget=8589934592
   --shapes ${MINI_OF3_SIGMOID_SHAPES:-b1t16384d128,b4t4096d128,b1t16384d64,varlen16d128} --err-heads 1 --reps 10 \
   --impls mini_of3+scores_budget=0,mini_of3+$GIB2,mini_of3_tanh+scores_budget=0,mini_of3_tanh+$GIB2,mini_of3_tanh+$GIB8,mini_of3_tanh+$GIB2+dqs_block_m=128+dqs_warps=8,mini_of3_tanh+$GIB2+dkdv_warps=8,triton_sigmoid,cudnn \
   --out $OUT --tag scores_$MINI_OF3_COMMIT
+[[ ,$steps, == *,defaults,* ]] && run_step defaultstest 90 python3 -m pytest -q -x \
+  tests/kernels/test_sigmoid_attention_gpu.py -k "stored_scores"
+[[ ,$steps, == *,defaults,* ]] && run_step defaults 420 python3 -m mini_of3.bench sigmoid --err-heads 1 --reps 10 \
+  --impls mini_of3,mini_of3_tanh,mini_of3_tanh+scores_budget=0,triton_sigmoid,cudnn --out $OUT \
+  --tag defaults_$MINI_OF3_COMMIT
 [[ ,$steps, == *,sweepscores,* ]] && run_step sweepscores 400 python3 -m mini_of3.bench sigmoid --sweep \
   --sigmoid tanh --tiles $GIB2 --sweep-kernels dkdv,dq --shapes b1t16384d128 --reps 10 --err-heads 1 --out $OUT \
   --tag scores_tanh_b1t16384d128_$MINI_OF3_COMMIT
-for name in padded step tanh padstep gluon sweep scorestest scores sweepscores; do
+for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults; do
   [ -f $OUT/$name.log ] && { echo "== $name"; grep -v -i 'warn' $OUT/$name.log | tail -12; }
 done
 echo "($SECONDS s in all)"
