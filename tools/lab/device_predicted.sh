@@ -13,6 +13,8 @@
 #           and cuDNN side by side
 #   defaults  bench sigmoid at the five shapes with the default tiles: ours (rcp, tanh), tanh recomputing dq,
 #           TritonSigmoid, cuDNN
+#   confirm  the bar's two D = 128 shapes at the defaults, TritonSigmoid between two identical arms of ours (tanh;
+#           "+dqs_warps=8" is the default), then the default rcp
 #   sweepscores  bench sigmoid --sweep --sigmoid tanh --tiles scores_budget=2147483648 --sweep-kernels dkdv,dq at
 #           T = 16384, D = 128 (the backward's tiles with stored scores)
 #   MINI_OF3_COMMIT=<hash> bash tools/lab/device_predicted.sh [STEPS]      (default padded,step,tanh,padstep,gluon)
@@ -57,10 +59,13 @@ GIB8=scores_budget=8589934592
 [[ ,$steps, == *,defaults,* ]] && run_step defaults 420 python3 -m mini_of3.bench sigmoid --err-heads 1 --reps 10 \
   --impls mini_of3,mini_of3_tanh,mini_of3_tanh+scores_budget=0,triton_sigmoid,cudnn --out $OUT \
   --tag defaults_$MINI_OF3_COMMIT
+[[ ,$steps, == *,confirm,* ]] && run_step confirm 240 python3 -m mini_of3.bench sigmoid --err-heads 1 --reps 20 \
+  --shapes b1t16384d128,b4t4096d128 --impls mini_of3_tanh,triton_sigmoid,mini_of3_tanh+dqs_warps=8,mini_of3 \
+  --out $OUT --tag confirm_$MINI_OF3_COMMIT
 [[ ,$steps, == *,sweepscores,* ]] && run_step sweepscores 400 python3 -m mini_of3.bench sigmoid --sweep \
   --sigmoid tanh --tiles $GIB2 --sweep-kernels dkdv,dq --shapes b1t16384d128 --reps 10 --err-heads 1 --out $OUT \
   --tag scores_tanh_b1t16384d128_$MINI_OF3_COMMIT
-for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults; do
+for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm; do
   [ -f $OUT/$name.log ] && { echo "== $name"; grep -v -i 'warn' $OUT/$name.log | tail -12; }
 done
 echo "($SECONDS s in all)"
