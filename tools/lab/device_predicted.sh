@@ -60,7 +60,8 @@ GIB8=scores_budget=8589934592
   --impls mini_of3,mini_of3_tanh,mini_of3_tanh+scores_budget=0,triton_sigmoid,cudnn --out $OUT \
   --tag defaults_$MINI_OF3_COMMIT
 [[ ,$steps, == *,confirm,* ]] && run_step confirm 240 python3 -m mini_of3.bench sigmoid --err-heads 1 --reps 20 \
-  --shapes b1t16384d128,b4t4096d128 --impls mini_of3_tanh,triton_sigmoid,mini_of3_tanh+dqs_warps=8,mini_of3 \
+  --shapes ${MINI_OF3_SIGMOID_SHAPES:-b1t16384d128,b4t4096d128} \
+  --impls ${MINI_OF3_SIGMOID_IMPLS:-mini_of3_tanh,triton_sigmoid,mini_of3_tanh+dqs_warps=8,mini_of3} \
   --out $OUT --tag confirm_$MINI_OF3_COMMIT
 [[ ,$steps, == *,sweepscores,* ]] && run_step sweepscores 400 python3 -m mini_of3.bench sigmoid --sweep \
   --sigmoid tanh --tiles $GIB2 --sweep-kernels dkdv,dq --shapes b1t16384d128 --reps 10 --err-heads 1 --out $OUT \
