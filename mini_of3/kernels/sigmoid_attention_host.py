@@ -25,8 +25,9 @@ SIGMOID_VARIANTS = ("exact", "rcp", "tanh")
 
 @dataclass(frozen=True)
 class Tiles:
-    """Launch configuration of the three kernels (BLOCK_M: queries, BLOCK_N: keys) and the sigmoid's evaluation
-    (sigmoid_attention_kernels.py: "exact", "rcp", "tanh")."""
+    """Launch configuration of the kernels (BLOCK_M: queries, BLOCK_N: keys; dqs: _bwd_dq_scores), the sigmoid's
+    evaluation (sigmoid_attention_kernels.py: "exact", "rcp", "tanh") and the bytes of dS^T workspace the backward
+    may take to read dq from stored scores (0: it recomputes them)."""
     fwd_block_m: int
     fwd_block_n: int
     fwd_warps: int
@@ -40,8 +41,8 @@ class Tiles:
     dq_warps: int
     dq_stages: int
     sigmoid: str
-    scores_budget: int = 0         # bytes of dS^T workspace the backward may take (0: dq recomputes; see backward)
-    dqs_block_m: int = 64          # _bwd_dq_scores
+    scores_budget: int = 0
+    dqs_block_m: int = 64
     dqs_block_n: int = 64
     dqs_warps: int = 4
     dqs_stages: int = 3
