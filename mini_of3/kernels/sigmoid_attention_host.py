@@ -17,7 +17,7 @@ import torch
 from mini_of3.kernels import sigmoid_attention_kernels as K
 from mini_of3.kernels.host import TileOverride, allocate, interpreting, launch
 
-SIGMOID_VARIANTS = ("exact", "rcp", "tanh")
+SIGMOID_VARIANTS = ("exact", "rcp", "series", "tanh")
 
 # ---------------------------------------------------------------------------------------------------------------
 # tiles
