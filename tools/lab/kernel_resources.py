@@ -12,6 +12,9 @@ the GPU machine's (3.6): use it to compare variants, and confirm on the GPU.
     python tools/lab/kernel_resources.py --head-dim 64 --maxnreg 168
     python tools/lab/kernel_resources.py --mask-queries  # the key- and query-bounded loops (mask_queries=True)
     python tools/lab/kernel_resources.py --kernel transition   # tiles of the fused transition, C = 128, n = 4
+    python tools/lab/kernel_resources.py --kernel sigmoid --head-dim 128 --sigmoid rcp,series,tanh
+                                         # sigmoid attention's kernels at their default tiles, dense, with the
+                                         # special-function (MUFU), vote and branch instructions of each evaluation
 """
 from __future__ import annotations
 
@@ -29,20 +32,23 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from mini_of3.kernels import sigmoid_attention_kernels as SK  # noqa: E402
 from mini_of3.kernels import transition_kernels as TK  # noqa: E402
 from mini_of3.kernels import triangle_attention_kernels as K  # noqa: E402
+from mini_of3.kernels.sigmoid_attention_host import DEFAULT_TILES  # noqa: E402
 from mini_of3.kernels.triangle_attention_host import _dkdv_configs, _dq_configs, _fwd_configs  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-DIVISIBLE = ("N", "NN", "AB_PART")   # the pair counts of N a multiple of 16 (every crop size), as the JIT sees them
+DIVISIBLE = ("N", "NN", "AB_PART", "Tq", "Tk")   # N a multiple of 16 (every crop size), T too, as the JIT sees them
 UNIT_STRIDES = ("sq_d", "sk_d", "sv_d", "so_d", "sd_d", "sg_d", "sb_k", "sm_k", "so_k")
 POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", BIAS="*fp32", KEY_BIAS="*i1", KEY_END="*i32", BOUNDS="*i32",
                 O="*bf16", LSE="*fp32", DO="*bf16",
                 DELTA="*fp32", DELTA0="*fp32", G="*bf16", DQ="*bf16", DK="*bf16", DV="*bf16", DBIAS="*fp32",
                 X="*fp32", LN_W="*fp32", LN_B="*fp32", W_A="*bf16", W_B="*bf16", W_O="*bf16", OUT="*bf16",
                 MEAN="*fp32", RSTD="*fp32", DOUT="*bf16", DX="*fp32", HIDDEN="*bf16", DAB="*bf16", XN="*bf16",
-                PART="*fp32")
+                PART="*fp32", SEQ_Q="*i32", SEQ_K="*i32", WS="*bf16", WS_OFF="*i64")
+FLOATS = ("scale", "bias_value")
 # (rows, hidden chunk, warps, stages) of the transition's forward and backward kernels
 TRANSITION_TILES = [(64, 64, 4, 2), (128, 64, 8, 2), (64, 128, 4, 2), (128, 32, 8, 3), (64, 32, 4, 3),
                     (64, 32, 8, 2), (128, 32, 8, 2), (32, 64, 4, 2), (128, 16, 8, 3), (64, 16, 4, 2)]
@@ -59,8 +65,8 @@ def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, maxnre
         if name in constexprs:
             signature[name] = "constexpr"
             continue
-        signature[name] = POINTERS.get(name, "fp32" if name == "scale" else "i32")
-        if name in POINTERS or name.startswith("s") or name in DIVISIBLE:
+        signature[name] = POINTERS.get(name, "fp32" if name in FLOATS else "i32")
+        if name in POINTERS or name.startswith("s") and name not in FLOATS or name in DIVISIBLE:
             attrs[(idx,)] = [["tt.divisibility", 16]]
     options = {"num_warps": num_warps, "num_stages": num_stages, **({"maxnreg": maxnreg} if maxnreg else {})}
     return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs), target=TARGET,
@@ -79,12 +85,16 @@ def resources(compiled) -> dict:
     return {"regs": regs, "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
             "smem": compiled.metadata.shared, "local_ld": sass.count("LDL"), "local_st": sass.count("STL"),
             "mma": "HGMMA" if "HGMMA" in sass else ("HMMA" if "HMMA" in sass else "-"),
+            "mufu": sass.count("MUFU."), "vote": sass.count("VOTE"), "bra": sass.count(" BRA"),
+            "instructions": len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", sass, re.M)),
             "ctas_per_sm_by_regs": 65536 // (regs * 32 * compiled.metadata.num_warps)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kernel", choices=("fwd", "dq", "dkdv", "dbias", "all", "transition"), default="all")
+    parser.add_argument("--kernel", choices=("fwd", "dq", "dkdv", "dbias", "all", "transition", "sigmoid"),
+                        default="all")
+    parser.add_argument("--sigmoid", default="rcp,series,tanh", help="--kernel sigmoid: the evaluations compiled")
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--maxnreg", type=int, default=None)
     parser.add_argument("--full-loops", action="store_true", help="the key loops over every key tile (no KEY_END "
@@ -120,14 +130,32 @@ def main() -> None:
             flags = dict(C=128, HID=512, DOT_PREC="tf32", BLOCK_M=m, BLOCK_J=m, BLOCK_K=hc, BLOCK_C=128, BLOCK_HC=hc)
             jobs.append(("transition fwd", TK._transition_fwd, dict(flags, STORE_STATS=True), warps, stages))
             jobs.append(("transition bwd", TK._transition_bwd, flags, warps, stages))
+    if args.kernel == "sigmoid":       # BLOCK_J, BLOCK_K columns: queries and keys of each kernel's tile
+        t = DEFAULT_TILES[d]
+        for variant in args.sigmoid.split(","):
+            flags = dict(LAYOUT="dense", CAUSAL=False, BIAS_KIND="keys", SIGMOID=variant, ASM=True, DOT_PREC="tf32",
+                         HEAD_DIM=d)
+            tiles = dict(fwd=(t.fwd_block_m, t.fwd_block_n, t.fwd_warps, t.fwd_stages),
+                         dkdv=(t.dkdv_block_m, t.dkdv_block_n, t.dkdv_warps, t.dkdv_stages),
+                         dq=(t.dq_block_m, t.dq_block_n, t.dq_warps, t.dq_stages))
+            for kernel, fn, extra in (("fwd", SK._fwd, {}), ("dkdv", SK._bwd_dkdv, dict(STORE_DS=False)),
+                                      ("dkdv", SK._bwd_dkdv, dict(STORE_DS=True)), ("dq", SK._bwd_dq, {})):
+                m, n, warps, stages = tiles[kernel]
+                name = f"{kernel}{' +dS' if extra.get('STORE_DS') else ''} {variant}"
+                jobs.append((name, fn, dict(flags, **extra, BLOCK_M=m, BLOCK_N=n, BLOCK_J=m, BLOCK_K=n), warps,
+                             stages))
+        jobs.append(("dq from dS", SK._bwd_dq_scores, dict(LAYOUT="dense", CAUSAL=False, DOT_PREC="tf32", HEAD_DIM=d,
+                                                          BLOCK_M=t.dqs_block_m, BLOCK_N=t.dqs_block_n,
+                                                          BLOCK_J=t.dqs_block_m, BLOCK_K=t.dqs_block_n),
+                     t.dqs_warps, t.dqs_stages))
     print(f"{'kernel':14s}{'BJ':>5s}{'BK':>5s}{'warps':>6s}{'stages':>7s}{'regs':>6s}{'CTA/SM':>7s}{'stack':>7s}"
-          f"{'LDL':>5s}{'STL':>5s}{'smem':>8s}  mma")
+          f"{'LDL':>5s}{'STL':>5s}{'smem':>8s}  mma  {'MUFU':>5s}{'VOTE':>5s}{'BRA':>5s}{'instr':>6s}")
     for name, fn, flags, warps, stages in jobs:
         r = resources(compile_kernel(fn, {k: v for k, v in flags.items() if k in fn.arg_names}, warps, stages,
                                      args.maxnreg))
         print(f"{name:14s}{flags['BLOCK_J']:5d}{flags['BLOCK_K']:5d}{warps:6d}{stages:7d}{r['regs']:6d}"
               f"{r['ctas_per_sm_by_regs']:7d}{r['stack']:7d}{r['local_ld']:5d}{r['local_st']:5d}{r['smem']:8d}  "
-              f"{r['mma']}", flush=True)
+              f"{r['mma']:5s}{r['mufu']:5d}{r['vote']:5d}{r['bra']:5d}{r['instructions']:6d}", flush=True)
 
 
 if __name__ == "__main__":
