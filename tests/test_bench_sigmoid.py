@@ -94,3 +94,29 @@ def test_sweep_from_tile_fields_tunes_the_scores_reader(tmp_path):
     assert {"dqs_block_m", "dqs_warps"} <= swept and not {"dq_block_m", "fwd_block_m", "dkdv_block_m"} & swept
     assert all("error" not in r for r in rows)
     assert rows[-1]["best"]["scores_budget"] == 1048576
+
+
+def test_timing_interleaves_the_arms_and_drops_one_that_fails():
+    """Each round times every arm in turn (drift falls on all alike); an arm that raises mid-run keeps its error and
+    leaves the rounds, the others still get medians."""
+    calls = []
+
+    class FakeArm:
+        def __init__(self, name, fail_at=None):
+            self.row, self.name, self.fail_at = {"impl": name}, name, fail_at
+
+        def fwd(self, r):
+            if r == self.fail_at:
+                raise RuntimeError("out of memory")
+            calls.append((r, self.name, "fwd"))
+
+        def fwdbwd(self, r):
+            calls.append((r, self.name, "fwdbwd"))
+
+    a, b, c = FakeArm("a"), FakeArm("b", fail_at=1), FakeArm("c")
+    sigmoid.time_interleaved([a, b, c], torch.device("cpu"), reps=3)
+    assert calls[:6] == [(0, n, k) for n in "abc" for k in ("fwd", "fwdbwd")]
+    assert [(r, n) for r, n, k in calls if k == "fwd"] == [(0, "a"), (0, "b"), (0, "c"), (1, "a"), (1, "c"),
+                                                             (2, "a"), (2, "c")]
+    assert "fwd_ms" in a.row and "fwd_ms" in c.row and "fwd_ms" not in b.row
+    assert b.row["error"] == "RuntimeError: out of memory"

@@ -12,7 +12,8 @@ Implementations (``--impls``):
                     reference: on the varlen batch they run the padded batch unmasked
 Ours take ``sigmoid_tiles`` fields after the name, ``+field=value`` each: ``mini_of3_tanh+scores_budget=0`` is ours
 with tanh and the backward that recomputes dq.
-Per row: fwd and fwd+bwd ms (median of CUDA-event timings after warm-up, two input sets rotated; random inputs),
+Per row: fwd and fwd+bwd ms (median of CUDA-event timings after warm-up, two input sets rotated; random inputs;
+the implementations timed in interleaved rounds, so that the card's drift during the run falls on all alike),
 TFLOP/s over real tokens only (forward 4 H D sum_s Lq_s Lk_s, halved for causal; forward+backward 3.5x), the error
 of o, dq, dk, dv against float64 (norm-relative, computed on the GPU per sequence in query chunks, on the first
 ``--err-heads`` heads: ``err_heads`` in the row) for the sigmoid implementations, and ``bitwise``: three runs
@@ -197,11 +198,16 @@ def load_impl(name: str, shape: Shape) -> Impl:
     raise ValueError(f"unknown implementation {name!r}")
 
 
-def bind(impl: Impl, inputs: dict, shape: Shape) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """(leaves q, k, v on the implementation's layout, do on it)."""
+def attach_lengths(impl: Impl, inputs: dict, shape: Shape) -> None:
+    """Give a varlen or padded call its cu_seqlens / lengths (the same for every input set of a shape)."""
     if hasattr(impl, "extra"):
         impl.extra["cu"] = inputs["cu"]
         impl.extra["lens"] = torch.tensor(shape.lengths, dtype=torch.int32, device=inputs["q"].device)
+
+
+def bind(impl: Impl, inputs: dict, shape: Shape) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(leaves q, k, v on the implementation's layout, do on it)."""
+    attach_lengths(impl, inputs, shape)
     leaves = [impl.prepare(inputs[n]).detach().requires_grad_(True) for n in ("q", "k", "v")]
     return leaves, impl.prepare(inputs["do"])
 
@@ -270,9 +276,7 @@ def median_ms(fn: Callable[[int], object], device: torch.device, reps: int, warm
     return times[len(times) // 2]
 
 
-def bench_impl(name: str, shape: Shape, sets: list[dict], reference: list[torch.Tensor] | None, args,
-               device: torch.device) -> dict:
-    """One row: times, TFLOP/s, errors and the bitwise flag of one implementation on one shape."""
+def base_row(name: str, shape: Shape) -> dict:
     row = {"impl": name, "shape": shape.name, "T": shape.T, "D": shape.D, "B": shape.B, "H": shape.H,
            "dtype": "bf16", "causal": shape.causal, "layout": "dense" if shape.dense else "varlen",
            "tokens": sum(shape.lengths)}
@@ -280,46 +284,100 @@ def bench_impl(name: str, shape: Shape, sets: list[dict], reference: list[torch.
         row["layout"] = "padded"
     if name in ("cudnn", "flash"):
         row["note"] = "softmax attention" + ("" if shape.dense else ", the padded batch unmasked")
-    try:
-        impl = load_impl(name, shape)
-        bound = [bind(impl, s, shape) for s in sets]
-
-        def fwd(r):
-            leaves, _ = bound[r % len(bound)]
-            with torch.no_grad():
-                impl.call(*leaves)
-
-        def fwdbwd(r):
-            forward_backward(impl, *bound[r % len(bound)])
-        with tiles_of(impl):
-            row["fwd_ms"] = median_ms(fwd, device, args.reps, args.warmup)
-            row["fwdbwd_ms"] = median_ms(fwdbwd, device, args.reps, args.warmup)
-    except Exception as err:   # a missing or failing implementation is reported in its row, not fatal
-        row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
-        if not isinstance(err, (ImportError, RuntimeError)):
-            traceback.print_exc(limit=3)
-        return row
-    flops = shape.flops_fwd()
-    row["tflops_fwd"] = flops / row["fwd_ms"] / 1e9
-    row["tflops_fwdbwd"] = 3.5 * flops / row["fwdbwd_ms"] / 1e9
-    if impl.sigmoid and reference is not None:
-        with tiles_of(impl):
-            runs = [forward_backward(impl, *bound[0]) for _ in range(3)]
-        row["err"] = errors(runs[0], reference, impl, args.err_heads)
-        row["err_heads"] = args.err_heads
-        row["bitwise"] = all(torch.equal(a, b) for other in runs[1:] for a, b in zip(runs[0], other))
     return row
 
 
-def bench_shape(shape: Shape, names: list[str], args, device: torch.device) -> list[dict]:
-    sets = [make_packed(shape, device, seed) for seed in range(2)]
-    reference = float64_reference(sets[0], shape, args.err_heads) if args.err_heads > 0 else None
-    rows = []
+@dataclass
+class Arm:
+    """One implementation ready to time on one shape: its row, its calls, its inputs (two sets, rotated)."""
+    row: dict
+    impl: Impl
+    bound: list
+
+    def fwd(self, r: int) -> None:
+        with tiles_of(self.impl), torch.no_grad():
+            self.impl.call(*self.bound[r % len(self.bound)][0])
+
+    def fwdbwd(self, r: int) -> None:
+        with tiles_of(self.impl):
+            forward_backward(self.impl, *self.bound[r % len(self.bound)])
+
+
+def _fail(row: dict, err: Exception) -> None:
+    """A missing or failing implementation is reported in its row, not fatal."""
+    row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+    if not isinstance(err, (ImportError, RuntimeError)):
+        traceback.print_exc(limit=3)
+
+
+def prepare_arms(shape: Shape, names: list[str], sets: list[dict], args) -> tuple[list[dict], list[Arm]]:
+    """Every implementation's row, and an Arm for each that loads, binds and runs its warm-up calls (compilation
+    included). Ours share their inputs (one layout)."""
+    rows, arms, inputs = [], [], {}
     for name in names:
         t0 = time.time()
-        rows.append(bench_impl(name, shape, sets, reference, args, device))
-        print(f"{shape.name} {name}: {time.time() - t0:.0f} s", flush=True)
-    del sets, reference
+        row = base_row(name, shape)
+        rows.append(row)
+        try:
+            impl = load_impl(name, shape)
+            layout = "mini_of3" if name.startswith("mini_of3") else name
+            if layout not in inputs:
+                inputs[layout] = [bind(impl, s, shape) for s in sets]
+            attach_lengths(impl, sets[0], shape)
+            arm = Arm(row, impl, inputs[layout])
+            for r in range(args.warmup):
+                arm.fwd(r)
+                arm.fwdbwd(r)
+            arms.append(arm)
+        except Exception as err:
+            _fail(row, err)
+        print(f"{shape.name} {name}: ready in {time.time() - t0:.0f} s", flush=True)
+    return rows, arms
+
+
+def time_interleaved(arms: list[Arm], device: torch.device, reps: int) -> None:
+    """fwd_ms and fwdbwd_ms of every arm: the median of ``reps`` rounds, each round timing every arm once in turn,
+    so that the card's drift over the run (clocks, temperature) falls on all arms alike."""
+    times = {id(arm): ([], []) for arm in arms}
+    live = list(arms)
+    for r in range(reps):
+        for arm in list(live):
+            try:
+                times[id(arm)][0].append(elapsed_ms(lambda: arm.fwd(r), device))
+                times[id(arm)][1].append(elapsed_ms(lambda: arm.fwdbwd(r), device))
+            except Exception as err:
+                _fail(arm.row, err)
+                live.remove(arm)
+    for arm in live:
+        fwd, fwdbwd = (sorted(t) for t in times[id(arm)])
+        arm.row["fwd_ms"], arm.row["fwdbwd_ms"] = fwd[len(fwd) // 2], fwdbwd[len(fwdbwd) // 2]
+
+
+def check_arm(arm: Arm, shape: Shape, reference: list[torch.Tensor] | None, args) -> None:
+    """TFLOP/s over real tokens, and for sigmoid implementations the errors against float64 and whether three runs
+    repeat bit for bit."""
+    row, flops = arm.row, shape.flops_fwd()
+    row["tflops_fwd"] = flops / row["fwd_ms"] / 1e9
+    row["tflops_fwdbwd"] = 3.5 * flops / row["fwdbwd_ms"] / 1e9
+    if arm.impl.sigmoid and reference is not None:
+        with tiles_of(arm.impl):
+            runs = [forward_backward(arm.impl, *arm.bound[0]) for _ in range(3)]
+        row["err"] = errors(runs[0], reference, arm.impl, args.err_heads)
+        row["err_heads"] = args.err_heads
+        row["bitwise"] = all(torch.equal(a, b) for other in runs[1:] for a, b in zip(runs[0], other))
+
+
+def bench_shape(shape: Shape, names: list[str], args, device: torch.device) -> list[dict]:
+    """The rows of one shape: every implementation prepared and warmed up, timed in interleaved rounds, then
+    checked."""
+    sets = [make_packed(shape, device, seed) for seed in range(2)]
+    reference = float64_reference(sets[0], shape, args.err_heads) if args.err_heads > 0 else None
+    rows, arms = prepare_arms(shape, names, sets, args)
+    time_interleaved(arms, device, args.reps)
+    for arm in arms:
+        if "error" not in arm.row:
+            check_arm(arm, shape, reference, args)
+    del sets, reference, arms
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return rows
