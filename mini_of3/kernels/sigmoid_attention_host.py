@@ -26,7 +26,7 @@ SIGMOID_VARIANTS = ("exact", "rcp", "series", "tanh")
 @dataclass(frozen=True)
 class Tiles:
     """Launch configuration of the kernels (BLOCK_M: queries, BLOCK_N: keys; dqs: _bwd_dq_scores), the sigmoid's
-    evaluation (sigmoid_attention_kernels.py: "exact", "rcp", "tanh") and the bytes of dS^T workspace the backward
+    evaluation (sigmoid_attention_kernels.py: "exact", "rcp", "series", "tanh") and the bytes of dS^T workspace the backward
     may take to read dq from stored scores (0: it recomputes them)."""
     fwd_block_m: int
     fwd_block_n: int
@@ -132,9 +132,9 @@ def forward(q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: int, ca
 
 def backward(do, q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: int, causal: bool, scale: float,
              bias_value: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv (the inputs' shapes, contiguous). Where the dS^T of ``heads`` >= 1 heads fits the tiles'
-    scores_budget (scores_heads), per chunk of that many heads: _bwd_dkdv storing dS^T, then _bwd_dq_scores
-    reading it; else _bwd_dkdv, then _bwd_dq recomputing sigma and dP, over all heads."""
+    """dq, dk, dv (the inputs' shapes, contiguous). Where the dS^T of at least one head fits tiles.scores_budget,
+    per chunk of heads (scores_heads): _bwd_dkdv storing dS^T, then _bwd_dq_scores reading it; else, over all heads,
+    _bwd_dkdv, then _bwd_dq recomputing sigma and dP."""
     if do.stride(-1) != 1:
         do = do.contiguous()
     tiles = current_tiles(q.shape[-1], q.dtype)
