@@ -268,14 +268,6 @@ def errors(got: list[torch.Tensor], ref: list[torch.Tensor], impl: Impl, heads: 
 # timing
 
 
-def median_ms(fn: Callable[[int], object], device: torch.device, reps: int, warmup: int) -> float:
-    """Median of ``reps`` timings of ``fn(r)`` (CUDA events on a GPU), after ``warmup`` calls; r counts the calls."""
-    for r in range(warmup):
-        fn(r)
-    times = sorted(elapsed_ms(lambda r=r: fn(r), device) for r in range(reps))
-    return times[len(times) // 2]
-
-
 def base_row(name: str, shape: Shape) -> dict:
     row = {"impl": name, "shape": shape.name, "T": shape.T, "D": shape.D, "B": shape.B, "H": shape.H,
            "dtype": "bf16", "causal": shape.causal, "layout": "dense" if shape.dense else "varlen",
@@ -405,44 +397,50 @@ def _fields(kernel: str, config: tuple[int, int, int, int]) -> dict:
 def sweep_shape(shape: Shape, args, device: torch.device) -> list[dict]:
     """Rows of the sweep on one shape: each sigmoid evaluation at the default tiles (with its error), then the
     candidates of each kernel (the others at their defaults, the fastest accurate evaluation), then the best of
-    each combined; the best printed as a ``Tiles(...)`` line."""
+    each combined; the best printed as a ``Tiles(...)`` line. Each group is timed in interleaved rounds."""
     sets = [make_packed(shape, device, seed) for seed in range(2)]
     reference = float64_reference(sets[0], shape, args.err_heads) if args.err_heads > 0 else None
     impl = load_impl("mini_of3", shape)
     bound = [bind(impl, s, shape) for s in sets]
 
-    def measure(fields: dict) -> dict:
-        def fwd(r):
-            with torch.no_grad():
-                impl.call(*bound[r % 2][0])
-
-        row = {"shape": shape.name, "D": shape.D, "fields": fields}
-        try:
-            with sigmoid_tiles(**args.tile_fields), sigmoid_tiles(**fields):
-                row["fwd_ms"] = median_ms(fwd, device, args.reps, args.warmup)
-                row["fwdbwd_ms"] = median_ms(lambda r: forward_backward(impl, *bound[r % 2]), device, args.reps,
-                                             args.warmup)
-                if reference is not None and list(fields) == ["sigmoid"]:
-                    row["err"] = errors(forward_backward(impl, *bound[0]), reference, impl, args.err_heads)
-        except Exception as err:   # a configuration that does not fit (shared memory, registers) is reported
-            row["error"] = f"{type(err).__name__}: {str(err)[:200]}"
-        print(" ", {k: v for k, v in row.items() if k not in ("shape", "D")}, flush=True)
-        return row
+    def measure(group: list[dict]) -> list[dict]:
+        """One row per tile fields of ``group``, the group timed in interleaved rounds after its warm-up."""
+        rows, arms = [], []
+        for fields in group:
+            row = {"shape": shape.name, "D": shape.D, "fields": fields}
+            rows.append(row)
+            arm = Arm(row, dataclasses.replace(impl, tiles={**args.tile_fields, **fields}), bound)
+            try:
+                for r in range(args.warmup):
+                    arm.fwd(r)
+                    arm.fwdbwd(r)
+                arms.append(arm)
+            except Exception as err:   # a configuration that does not fit (shared memory, registers) is reported
+                row["error"] = f"{type(err).__name__}: {str(err)[:200]}"
+        time_interleaved(arms, device, args.reps)
+        for arm in arms:
+            if reference is not None and list(arm.row["fields"]) == ["sigmoid"] and "error" not in arm.row:
+                with tiles_of(arm.impl):
+                    arm.row["err"] = errors(forward_backward(arm.impl, *bound[0]), reference, arm.impl,
+                                            args.err_heads)
+        for row in rows:
+            print(" ", {k: v for k, v in row.items() if k not in ("shape", "D")}, flush=True)
+        return rows
 
     with sigmoid_tiles(**args.tile_fields):
         default = current_tiles(shape.D, torch.bfloat16)
-    rows = [measure({"sigmoid": variant}) for variant in SIGMOID_VARIANTS]
+    rows = measure([{"sigmoid": variant} for variant in SIGMOID_VARIANTS])
     best = {"sigmoid": args.sigmoid or _fastest(rows, "fwdbwd_ms", lambda r: r["fields"]["sigmoid"] != "tanh",
                                                 default.sigmoid)}
     dq = ("dqs", DQS_CANDIDATES) if default.scores_budget > 0 else ("dq", DQ_CANDIDATES)
     kernels = (("fwd", FWD_CANDIDATES, "fwd_ms"), ("dkdv", DKDV_CANDIDATES, "fwdbwd_ms"), (*dq, "fwdbwd_ms"))
     for kernel, candidates, key in [k for k in kernels if k[0] in args.sweep_kernels or k[0] == "dqs" and
                                     "dq" in args.sweep_kernels]:
-        kernel_rows = [measure({**_fields(kernel, c), "sigmoid": best["sigmoid"]}) for c in candidates]
+        kernel_rows = measure([{**_fields(kernel, c), "sigmoid": best["sigmoid"]} for c in candidates])
         rows += kernel_rows
         fallback = {f: getattr(default, f) for f in _fields(kernel, (0, 0, 0, 0))}
         best.update(_fastest(kernel_rows, key, None, fallback, kernel))
-    combined = measure(dict(best))
+    combined, = measure([dict(best)])
     rows.append(combined)
     tiles = dataclasses.replace(default, **best)   # the --tiles fields included
     print(f"\nbest for {shape.name}: {tiles}\n  fwd {combined.get('fwd_ms')} ms, fwd+bwd {combined.get('fwdbwd_ms')} "
