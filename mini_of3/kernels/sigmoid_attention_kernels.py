@@ -256,6 +256,29 @@ def _store_rows(base, offs, offs_d, s_t, value, n_valid, n_store):
     tl.store(base + offs[:, None] * s_t + offs_d[None, :], value, mask=offs[:, None] < n_store)
 
 
+@triton.jit
+def _store_sequence_rows(PTR, s, start, h, s_b, s_t, s_h, offs, offs_d, value, L, T, LAYOUT: tl.constexpr):
+    """Rows offs of value into sequence s, head h of PTR, cast to its dtype: its L valid rows, and (padded layout)
+    zeros up to T."""
+    n_store = T if LAYOUT == "padded" else L
+    _store_rows(_base(PTR, s, start, h, s_b, s_t, s_h), offs, offs_d, s_t, value.to(PTR.dtype.element_ty), L,
+                n_store)
+
+
+@triton.jit
+def _query_block_program(SEQ_Q, SEQ_K, Tq, Tk, LAYOUT: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(sequence s, its first query q_start and Lq queries, its first key k_start and Lk keys, the block's first
+    query m0) of a program of a grid (query blocks, heads, sequences). Causal grids run the longest blocks (the
+    last) first."""
+    mb = tl.program_id(0)
+    s = tl.program_id(2)
+    if CAUSAL:
+        mb = tl.num_programs(0) - 1 - mb
+    q_start, Lq = _span(SEQ_Q, s, Tq, LAYOUT)
+    k_start, Lk = _span(SEQ_K, s, Tk, LAYOUT)
+    return s, q_start, Lq, k_start, Lk, mb * BLOCK_M
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # forward
 
@@ -280,15 +303,9 @@ def _fwd(Q, K, V, O, SEQ_Q, SEQ_K, BIAS,
          LAYOUT: tl.constexpr, CAUSAL: tl.constexpr, BIAS_KIND: tl.constexpr, SIGMOID: tl.constexpr,
          ASM: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
          HEAD_DIM: tl.constexpr):
-    """o of one query block of one (sequence, head). Causal grids run the longest blocks (the last) first."""
-    mb = tl.program_id(0)
+    """o of one query block of one (sequence, head)."""
     h = tl.program_id(1)
-    s = tl.program_id(2)
-    if CAUSAL:
-        mb = tl.num_programs(0) - 1 - mb
-    q_start, Lq = _span(SEQ_Q, s, Tq, LAYOUT)
-    k_start, Lk = _span(SEQ_K, s, Tk, LAYOUT)
-    m0 = mb * BLOCK_M
+    s, q_start, Lq, k_start, Lk, m0 = _query_block_program(SEQ_Q, SEQ_K, Tq, Tk, LAYOUT, CAUSAL, BLOCK_M)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_nt = tl.arange(0, BLOCK_N)
@@ -304,9 +321,7 @@ def _fwd(Q, K, V, O, SEQ_Q, SEQ_K, BIAS,
     for n0 in range(full_end, end, BLOCK_N):
         acc = _fwd_block(acc, q, k_base, v_base, offs_m, n0 + offs_nt, offs_d, sk_t, sv_t, Lq, Lk, mul, add,
                          True, CAUSAL, SIGMOID, ASM, DOT_PREC)
-    n_store = Tq if LAYOUT == "padded" else Lq
-    _store_rows(_base(O, s, q_start, h, so_b, so_t, so_h), offs_m, offs_d, so_t, acc.to(O.dtype.element_ty),
-                Lq, n_store)
+    _store_sequence_rows(O, s, q_start, h, so_b, so_t, so_h, offs_m, offs_d, acc, Lq, Tq, LAYOUT)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -380,11 +395,8 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, SEQ_Q, SEQ_K, BIAS, WS, WS_OFF,
     for m0 in range(full_end, end, BLOCK_M):
         dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, ds_base, ds_ld, m0 + offs_mt, offs_n, offs_d, sq_t,
                              sdo_t, Lq, Lk, mul, add, True, CAUSAL, SIGMOID, ASM, DOT_PREC, STORE_DS)
-    n_store = Tk if LAYOUT == "padded" else Lk
-    _store_rows(_base(DK, s, k_start, h, sdk_b, sdk_t, sdk_h), offs_n, offs_d, sdk_t,
-                (dk * scale).to(DK.dtype.element_ty), Lk, n_store)
-    _store_rows(_base(DV, s, k_start, h, sdk_b, sdk_t, sdk_h), offs_n, offs_d, sdk_t, dv.to(DV.dtype.element_ty),
-                Lk, n_store)
+    _store_sequence_rows(DK, s, k_start, h, sdk_b, sdk_t, sdk_h, offs_n, offs_d, dk * scale, Lk, Tk, LAYOUT)
+    _store_sequence_rows(DV, s, k_start, h, sdk_b, sdk_t, sdk_h, offs_n, offs_d, dv, Lk, Tk, LAYOUT)
 
 
 @triton.jit
@@ -411,14 +423,8 @@ def _bwd_dq(Q, K, V, DO, DQ, SEQ_Q, SEQ_K, BIAS,
             HEAD_DIM: tl.constexpr):
     """dq of one query block of one (sequence, head): recomputes sigma and dP = dO v^T over the key blocks it sees
     and accumulates dQ = scale dS K in registers (no atomics)."""
-    mb = tl.program_id(0)
     h = tl.program_id(1)
-    s = tl.program_id(2)
-    if CAUSAL:
-        mb = tl.num_programs(0) - 1 - mb
-    q_start, Lq = _span(SEQ_Q, s, Tq, LAYOUT)
-    k_start, Lk = _span(SEQ_K, s, Tk, LAYOUT)
-    m0 = mb * BLOCK_M
+    s, q_start, Lq, k_start, Lk, m0 = _query_block_program(SEQ_Q, SEQ_K, Tq, Tk, LAYOUT, CAUSAL, BLOCK_M)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_nt = tl.arange(0, BLOCK_N)
@@ -435,9 +441,7 @@ def _bwd_dq(Q, K, V, DO, DQ, SEQ_Q, SEQ_K, BIAS,
     for n0 in range(full_end, end, BLOCK_N):
         dq = _dq_block(dq, q, do, k_base, v_base, offs_m, n0 + offs_nt, offs_d, sk_t, sv_t, Lq, Lk, mul, add,
                        True, CAUSAL, SIGMOID, ASM, DOT_PREC)
-    n_store = Tq if LAYOUT == "padded" else Lq
-    _store_rows(_base(DQ, s, q_start, h, sdq_b, sdq_t, sdq_h), offs_m, offs_d, sdq_t,
-                (dq * scale).to(DQ.dtype.element_ty), Lq, n_store)
+    _store_sequence_rows(DQ, s, q_start, h, sdq_b, sdq_t, sdq_h, offs_m, offs_d, dq * scale, Lq, Tq, LAYOUT)
 
 
 @triton.jit
@@ -461,15 +465,9 @@ def _bwd_dq_scores(K, DQ, SEQ_Q, SEQ_K, WS, WS_OFF, sk_b, sk_t, sk_h, sdq_b, sdq
     dQ = scale dS K accumulated in registers over the key blocks it sees, in order. Only written scores are read:
     blocks with unseen or invalid elements (the causal diagonal, a partial key block, a partial query block) load
     under the mask of seen scores."""
-    mb = tl.program_id(0)
     hc = tl.program_id(1)
     h = h0 + hc
-    s = tl.program_id(2)
-    if CAUSAL:
-        mb = tl.num_programs(0) - 1 - mb
-    q_start, Lq = _span(SEQ_Q, s, Tq, LAYOUT)
-    k_start, Lk = _span(SEQ_K, s, Tk, LAYOUT)
-    m0 = mb * BLOCK_M
+    s, q_start, Lq, k_start, Lk, m0 = _query_block_program(SEQ_Q, SEQ_K, Tq, Tk, LAYOUT, CAUSAL, BLOCK_M)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_nt = tl.arange(0, BLOCK_N)
@@ -484,6 +482,4 @@ def _bwd_dq_scores(K, DQ, SEQ_Q, SEQ_K, WS, WS_OFF, sk_b, sk_t, sk_h, sdq_b, sdq
     for n0 in range(full_end, end, BLOCK_N):
         dq = _dq_scores_block(dq, k_base, ds_base, ds_ld, offs_m, n0 + offs_nt, offs_d, sk_t, Lq, Lk, True, CAUSAL,
                               DOT_PREC)
-    n_store = Tq if LAYOUT == "padded" else Lq
-    _store_rows(_base(DQ, s, q_start, h, sdq_b, sdq_t, sdq_h), offs_m, offs_d, sdq_t,
-                (dq * scale).to(DQ.dtype.element_ty), Lq, n_store)
+    _store_sequence_rows(DQ, s, q_start, h, sdq_b, sdq_t, sdq_h, offs_m, offs_d, dq * scale, Lq, Tq, LAYOUT)
