@@ -150,7 +150,7 @@ def backward(do, q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: in
                       num_stages=tiles.dkdv_stages)
     if min(max_q, max_k, H, n_seq) == 0:                        # no scores: every gradient is zero
         return dq.zero_(), dk.zero_(), dv.zero_()
-    n_key_blocks, n_query_blocks = triton_cdiv(max_k, tiles.dkdv_block_n), triton_cdiv(max_q, tiles.dqs_block_m)
+    n_key_blocks = triton_cdiv(max_k, tiles.dkdv_block_n)
     chunk = scores_heads(tiles, q, k, n_seq, layout, max_q, max_k)
     if chunk == 0:
         launch(K._bwd_dkdv, (n_key_blocks, H, n_seq), q, k, v, do, dk, dv, *common, q, q, *strides,
@@ -162,6 +162,7 @@ def backward(do, q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: in
         return dq, dk, dv
     workspace = allocate((chunk * scores_per_head(q, k, n_seq, layout, max_q, max_k),), q.dtype, q.device)
     offsets = _scores_offsets(seq_q, seq_k) if layout == "varlen" else q
+    n_query_blocks = triton_cdiv(max_q, tiles.dqs_block_m)
     for h0 in range(0, H, chunk):
         heads = min(chunk, H - h0)
         launch(K._bwd_dkdv, (n_key_blocks, heads, n_seq), q, k, v, do, dk, dv, *common, workspace, offsets,
