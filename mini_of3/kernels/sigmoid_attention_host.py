@@ -26,8 +26,8 @@ SIGMOID_VARIANTS = ("exact", "rcp", "series", "tanh")
 @dataclass(frozen=True)
 class Tiles:
     """Launch configuration of the kernels (BLOCK_M: queries, BLOCK_N: keys; dqs: _bwd_dq_scores), the sigmoid's
-    evaluation (sigmoid_attention_kernels.py: "exact", "rcp", "series", "tanh") and the bytes of dS^T workspace the backward
-    may take to read dq from stored scores (0: it recomputes them)."""
+    evaluation (sigmoid_attention_kernels.py: "exact", "rcp", "series", "tanh") and the bytes of dS^T workspace the
+    backward may take to read dq from stored scores (0: it recomputes them)."""
     fwd_block_m: int
     fwd_block_n: int
     fwd_warps: int
