@@ -71,6 +71,22 @@ def assert_padding_zero(got, lens_q, lens_k):
             assert torch.count_nonzero(t[b, length:]) == 0, f"{name}: padded rows of sequence {b} are not zero"
 
 
+def layout_case(kind: str, case: tuple):
+    """(q, k, v, do, keyword arguments, dtype) of one DENSE / PADDED / VARLEN case."""
+    if kind == "dense":
+        B, Tq, Tk, H, D, dtype, causal = case
+        return (*make_inputs((B, Tq, H, D), (B, Tk, H, D), dtype, seed=Tq + D), dict(causal=causal), dtype)
+    if kind == "padded":
+        lens_q, lens_k, Tq, Tk, H, D, dtype, causal = case
+        B = len(lens_q)
+        kw = dict(seq_lens_q=i32(lens_q), seq_lens_k=i32(lens_k), causal=causal)
+        return (*make_inputs((B, Tq, H, D), (B, Tk, H, D), dtype, seed=Tq), kw, dtype)
+    lens_q, lens_k, H, D, dtype, causal = case
+    kw = dict(cu_seqlens_q=cumulative(lens_q), cu_seqlens_k=cumulative(lens_k), max_seqlen_q=max(lens_q),
+              max_seqlen_k=max(lens_k), causal=causal)
+    return (*make_inputs((sum(lens_q), H, D), (sum(lens_k), H, D), dtype, seed=D), kw, dtype)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the three layouts
 
@@ -83,11 +99,11 @@ DENSE = [
 ]
 
 
-@pytest.mark.parametrize("B,Tq,Tk,H,D,dtype,causal", DENSE)
-def test_dense_matches_float64(B, Tq, Tk, H, D, dtype, causal):
-    q, k, v, do = make_inputs((B, Tq, H, D), (B, Tk, H, D), dtype, seed=Tq + D)
-    got = run(sigmoid_attention, q, k, v, do, causal=causal, backend="triton")
-    assert_matches(got, reference(q, k, v, do, causal=causal), dtype)
+@pytest.mark.parametrize("case", DENSE)
+def test_dense_matches_float64(case):
+    q, k, v, do, kw, dtype = layout_case("dense", case)
+    got = run(sigmoid_attention, q, k, v, do, backend="triton", **kw)
+    assert_matches(got, reference(q, k, v, do, **kw), dtype)
 
 
 PADDED = [
@@ -97,14 +113,12 @@ PADDED = [
 ]
 
 
-@pytest.mark.parametrize("lens_q,lens_k,Tq,Tk,H,D,dtype,causal", PADDED)
-def test_padded_matches_float64_and_padding_stays_zero(lens_q, lens_k, Tq, Tk, H, D, dtype, causal):
-    B = len(lens_q)
-    q, k, v, do = make_inputs((B, Tq, H, D), (B, Tk, H, D), dtype, seed=Tq)
-    kw = dict(seq_lens_q=i32(lens_q), seq_lens_k=i32(lens_k), causal=causal)
+@pytest.mark.parametrize("case", PADDED)
+def test_padded_matches_float64_and_padding_stays_zero(case):
+    q, k, v, do, kw, dtype = layout_case("padded", case)
     got = run(sigmoid_attention, q, k, v, do, backend="triton", **kw)
     assert_matches(got, reference(q, k, v, do, **kw), dtype)
-    assert_padding_zero(got, lens_q, lens_k)
+    assert_padding_zero(got, case[0], case[1])
 
 
 VARLEN = [
@@ -115,11 +129,9 @@ VARLEN = [
 ]
 
 
-@pytest.mark.parametrize("lens_q,lens_k,H,D,dtype,causal", VARLEN)
-def test_packed_varlen_matches_float64(lens_q, lens_k, H, D, dtype, causal):
-    q, k, v, do = make_inputs((sum(lens_q), H, D), (sum(lens_k), H, D), dtype, seed=D)
-    kw = dict(cu_seqlens_q=cumulative(lens_q), cu_seqlens_k=cumulative(lens_k), max_seqlen_q=max(lens_q),
-              max_seqlen_k=max(lens_k), causal=causal)
+@pytest.mark.parametrize("case", VARLEN)
+def test_packed_varlen_matches_float64(case):
+    q, k, v, do, kw, dtype = layout_case("varlen", case)
     got = run(sigmoid_attention, q, k, v, do, backend="triton", **kw)
     assert_matches(got, reference(q, k, v, do, **kw), dtype)
 
@@ -242,22 +254,6 @@ def test_inference_path_gives_the_same_output():
 # the backward from stored scores (dS^T in a workspace, per chunk of heads)
 
 ALL_HEADS = 1 << 40          # a scores_budget that takes every head of these tests in one chunk
-
-
-def layout_case(kind: str, case: tuple):
-    """(q, k, v, do, keyword arguments, dtype) of one DENSE / PADDED / VARLEN case."""
-    if kind == "dense":
-        B, Tq, Tk, H, D, dtype, causal = case
-        return (*make_inputs((B, Tq, H, D), (B, Tk, H, D), dtype, seed=Tq + D), dict(causal=causal), dtype)
-    if kind == "padded":
-        lens_q, lens_k, Tq, Tk, H, D, dtype, causal = case
-        B = len(lens_q)
-        kw = dict(seq_lens_q=i32(lens_q), seq_lens_k=i32(lens_k), causal=causal)
-        return (*make_inputs((B, Tq, H, D), (B, Tk, H, D), dtype, seed=Tq), kw, dtype)
-    lens_q, lens_k, H, D, dtype, causal = case
-    kw = dict(cu_seqlens_q=cumulative(lens_q), cu_seqlens_k=cumulative(lens_k), max_seqlen_q=max(lens_q),
-              max_seqlen_k=max(lens_k), causal=causal)
-    return (*make_inputs((sum(lens_q), H, D), (sum(lens_k), H, D), dtype, seed=D), kw, dtype)
 
 
 LAYOUT_CASES = [("dense", c) for c in DENSE] + [("padded", c) for c in PADDED] + [("varlen", c) for c in VARLEN]
