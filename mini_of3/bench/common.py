@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -72,6 +73,31 @@ def elapsed_ms(fn: Callable[[], object], device: torch.device) -> float:
     t0 = time.perf_counter()
     fn()
     return (time.perf_counter() - t0) * 1e3
+
+
+def time_in_rounds(rows: Sequence[dict], timers: Sequence[dict[str, Callable[[int], float]]], rounds: int) -> None:
+    """Interleaved timing of several implementations: in round r every live row's timers run once, as
+    ``timer(r)`` returning milliseconds, the rows' order rotated by one per round, so that the card's drift over the
+    run (clocks, temperature) falls on all alike and no row always goes first. A timer that raises puts the error in
+    its row, which leaves the rounds. Every other row gets, per timer key, the median over the rounds and the spread
+    of the rounds, ``[min, max]`` under the key with ``_ms`` replaced by ``_spread_ms``."""
+    samples = [{key: [] for key in row_timers} for row_timers in timers]
+    live = list(range(len(rows)))
+    for r in range(rounds):
+        shift = r % max(len(live), 1)
+        for i in live[shift:] + live[:shift]:
+            try:
+                for key, timer in timers[i].items():
+                    samples[i][key].append(timer(r))
+            except Exception as err:   # an implementation that fails (out of memory, a missing kernel) is reported
+                rows[i]["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+                traceback.print_exc(limit=3)
+                live.remove(i)
+    for i in live:
+        for key, values in samples[i].items():
+            values = sorted(values)
+            rows[i][key] = values[len(values) // 2]
+            rows[i][key.replace("_ms", "_spread_ms")] = [values[0], values[-1]]
 
 
 def graph_replay_ms(fn: Callable[[], object], *, reps: int = 10, warmup: int = 3) -> float:

@@ -35,7 +35,7 @@ import torch
 
 from mini_of3.bench.anchors import FACTORIES, Impl, load_impls
 from mini_of3.bench.common import (median_ms, package_versions, peak_mib, print_table, rel_err, result_header,
-                                   write_json)
+                                   time_in_rounds, write_json)
 from mini_of3.kernels import triangle_attention_ref
 from mini_of3.kernels.triangle_attention_host import autotuned_configs
 from mini_of3.model.kernel_choice import KernelChoice
@@ -159,19 +159,12 @@ def prepare(impl: Impl, n: int, d: int, heads: int, layout: str = "contiguous", 
 
 
 def time_rounds(prepared: list[Prepared], rounds: int, reps: int) -> None:
-    """Fwd and fwd+bwd times of every implementation, interleaved: in each round every implementation is timed once
-    (the order rotated per round), so that clock and thermal drift over the run touch all of them alike; the row gets
-    the median over rounds and the spread (min, max) of the round medians."""
-    times = {id(p): {"fwd_ms": [], "fwdbwd_ms": []} for p in prepared}
-    for r in range(rounds):
-        for p in prepared[r % len(prepared):] + prepared[:r % len(prepared)]:
-            times[id(p)]["fwd_ms"].append(median_ms(p.fwd, reps=reps, rotate=3))
-            times[id(p)]["fwdbwd_ms"].append(median_ms(p.fwdbwd, reps=reps, rotate=3))
-    for p in prepared:
-        for key, values in times[id(p)].items():
-            values = sorted(values)
-            p.row[key] = values[len(values) // 2]
-            p.row[key.replace("_ms", "_spread_ms")] = [values[0], values[-1]]
+    """Fwd and fwd+bwd times of every implementation in interleaved rounds (``time_in_rounds``), each round's value
+    the median of ``reps`` calls over three input sets."""
+    time_in_rounds([p.row for p in prepared],
+                   [{"fwd_ms": lambda r, p=p: median_ms(p.fwd, reps=reps, rotate=3),
+                     "fwdbwd_ms": lambda r, p=p: median_ms(p.fwdbwd, reps=reps, rotate=3)} for p in prepared],
+                   rounds)
 
 
 def finish(p: Prepared, *, check: bool, reference) -> dict:
@@ -276,7 +269,7 @@ def bench_shape(result: dict, impls: list[Impl], layout: str, n: int, d: int, ar
     time_rounds(prepared, args.rounds, args.reps)
     for p in prepared:
         try:
-            row = finish(p, check=check, reference=reference)
+            row = p.row if "error" in p.row else finish(p, check=check, reference=reference)
         except Exception as err:
             row = {"impl": p.impl.name, "layout": layout, "N": n, "D": d,
                    "error": f"{type(err).__name__}: {str(err)[:300]}"}
@@ -322,6 +315,9 @@ def bench_padded(result: dict, spec: tuple[int, int, int], layout: str, d: int, 
         prepared.append(p)
     time_rounds(prepared, args.rounds, args.reps)
     for p in prepared:
+        if "error" in p.row:
+            result["rows"].append(p.row)
+            continue
         n, tokens, mask_queries = p.row["N"], p.row["real_tokens"], p.row["mask_queries"]
         reference = None
         if check:

@@ -40,7 +40,8 @@ from pathlib import Path
 
 import torch
 
-from mini_of3.bench.common import elapsed_ms, package_versions, print_table, result_header, write_json
+from mini_of3.bench.common import (elapsed_ms, package_versions, print_table, result_header, time_in_rounds,
+                                   write_json)
 from mini_of3.kernels import sigmoid_attention
 from mini_of3.kernels.sigmoid_attention_host import SIGMOID_VARIANTS, current_tiles, sigmoid_tiles
 
@@ -294,6 +295,11 @@ class Arm:
         with tiles_of(self.impl):
             forward_backward(self.impl, *self.bound[r % len(self.bound)])
 
+    def timers(self, device: torch.device) -> dict[str, Callable[[int], float]]:
+        """Milliseconds of one forward and of one forward+backward on input set r."""
+        return {"fwd_ms": lambda r: elapsed_ms(lambda: self.fwd(r), device),
+                "fwdbwd_ms": lambda r: elapsed_ms(lambda: self.fwdbwd(r), device)}
+
 
 def _fail(row: dict, err: Exception) -> None:
     """A missing or failing implementation is reported in its row, not fatal."""
@@ -328,21 +334,9 @@ def prepare_arms(shape: Shape, names: list[str], sets: list[dict], args) -> tupl
 
 
 def time_interleaved(arms: list[Arm], device: torch.device, reps: int) -> None:
-    """fwd_ms and fwdbwd_ms of every arm: the median of ``reps`` rounds, each round timing every arm once in turn,
-    so that the card's drift over the run (clocks, temperature) falls on all arms alike."""
-    times = {id(arm): ([], []) for arm in arms}
-    live = list(arms)
-    for r in range(reps):
-        for arm in list(live):
-            try:
-                times[id(arm)][0].append(elapsed_ms(lambda: arm.fwd(r), device))
-                times[id(arm)][1].append(elapsed_ms(lambda: arm.fwdbwd(r), device))
-            except Exception as err:
-                _fail(arm.row, err)
-                live.remove(arm)
-    for arm in live:
-        fwd, fwdbwd = (sorted(t) for t in times[id(arm)])
-        arm.row["fwd_ms"], arm.row["fwdbwd_ms"] = fwd[len(fwd) // 2], fwdbwd[len(fwdbwd) // 2]
+    """fwd_ms and fwdbwd_ms of every arm: the median (and spread) of ``reps`` interleaved rounds, one call of each
+    direction per arm and round (``time_in_rounds``)."""
+    time_in_rounds([arm.row for arm in arms], [arm.timers(device) for arm in arms], reps)
 
 
 def check_arm(arm: Arm, shape: Shape, reference: list[torch.Tensor] | None, args) -> None:

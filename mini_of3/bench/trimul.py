@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import argparse
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from mini_of3.bench.common import (elapsed_ms, graph_replay_ms, package_versions, peak_mib, print_table,
-                                   result_header, write_json)
+                                   result_header, time_in_rounds, write_json)
 from mini_of3.kernels import triangle_multiplication, triangle_multiplication_reference
 from mini_of3.model.kernel_choice import KernelChoice
 from mini_of3.model.tri_mul_backends import tri_mul_backend, triangle_multiplication_torch
@@ -131,28 +130,17 @@ def bench_shape(impls: dict[str, Callable], n: int, direction: str, args, device
             for k in range(STREAM_CALLS):
                 fwdbwd((r + k) % len(sets))
         work[name] = (fwd, fwdbwd, stream)
-    times = {name: {"fwd_ms": [], "fwdbwd_ms": [], "fwdbwd_stream_ms": []} for name in impls}
-    for r in range(args.rounds):
-        names = list(work)
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            if "error" in rows[name]:
-                continue
-            try:
-                for key, fn in zip(("fwd_ms", "fwdbwd_ms"), work[name]):
-                    times[name][key].append(median_ms(fn, device, args.reps))
-                times[name]["fwdbwd_stream_ms"].append(elapsed_ms(lambda: work[name][2](r), device) / STREAM_CALLS)
-            except Exception as err:   # an implementation that fails is reported, not fatal
-                rows[name]["error"] = f"{type(err).__name__}: {str(err)[:300]}"
-                traceback.print_exc(limit=3)
+    time_in_rounds(list(rows.values()),
+                   [{"fwd_ms": lambda r, fwd=fwd: median_ms(fwd, device, args.reps),
+                     "fwdbwd_ms": lambda r, fwdbwd=fwdbwd: median_ms(fwdbwd, device, args.reps),
+                     "fwdbwd_stream_ms": lambda r, stream=stream: elapsed_ms(lambda: stream(r), device) / STREAM_CALLS}
+                    for fwd, fwdbwd, stream in work.values()],
+                   args.rounds)
     reference = reference_fp64(*sets[0][:2], weights, sets[0][2], direction) if check else None
     for name, fn in impls.items():
         row = rows[name]
         if "error" in row:
             continue
-        for key, values in times[name].items():
-            values = sorted(values)
-            row[key] = values[len(values) // 2]
-            row[key.replace("_ms", "_spread_ms")] = [values[0], values[-1]]
         row["peak_mib"] = peak_mib(lambda: work[name][1](0)) if device.type == "cuda" else None
         row["fwdbwd_graph_ms"] = None
         if device.type == "cuda":
