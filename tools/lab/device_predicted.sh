@@ -19,6 +19,9 @@
 #           TritonSigmoid, ours with tanh and with rcp (the default), cuDNN
 #   sweepscores  bench sigmoid --sweep --sigmoid tanh --tiles scores_budget=2147483648 --sweep-kernels dkdv,dq at
 #           T = 16384, D = 128 (the backward's tiles with stored scores)
+#   varlendiag  where the packed forward loses to the dense one: bench sigmoid (tanh, rcp, TritonSigmoid, no float64
+#           check) on one packed sequence of 16384 beside b1t16384, eight packed of 8000 beside b8t8000, and the
+#           16-sequence batch
 #   MINI_OF3_COMMIT=<hash> bash tools/lab/device_predicted.sh [STEPS]      (default padded,step,tanh,padstep,gluon)
 # Carry .whl (anchors: cueq, TritonSigmoid) and .device (prepared entries). Writes $OUT/<step>.log and the benches'
 # JSON/PNG; prints each step's table last.
@@ -72,7 +75,13 @@ GIB8=scores_budget=8589934592
 [[ ,$steps, == *,sweepscores,* ]] && run_step sweepscores 400 python3 -m mini_of3.bench sigmoid --sweep \
   --sigmoid tanh --tiles $GIB2 --sweep-kernels dkdv,dq --shapes b1t16384d128 --reps 10 --err-heads 1 --out $OUT \
   --tag scores_tanh_b1t16384d128_$MINI_OF3_COMMIT
-for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm seriestest series; do
+VD="python3 -m mini_of3.bench sigmoid --err-heads 0 --reps 10 --impls mini_of3_tanh,mini_of3,triton_sigmoid --out $OUT"
+[[ ,$steps, == *,varlendiag,* ]] && run_step varlendiag1 120 $VD --shapes b1t16384d128,varlen1d128 \
+  --varlen-range 16384,16384 --tag varlen1_$MINI_OF3_COMMIT
+[[ ,$steps, == *,varlendiag,* ]] && run_step varlendiag8 120 $VD --shapes b8t8000d128,varlen8d128 \
+  --varlen-range 8000,8000 --tag varlen8_$MINI_OF3_COMMIT
+[[ ,$steps, == *,varlendiag,* ]] && run_step varlendiag16 150 $VD --shapes varlen16d128 --tag varlen16_$MINI_OF3_COMMIT
+for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm seriestest series varlendiag1 varlendiag8 varlendiag16; do
   [ -f $OUT/$name.log ] && { echo "== $name"; grep -v -i 'warn' $OUT/$name.log | tail -12; }
 done
 echo "($SECONDS s in all)"
