@@ -26,8 +26,9 @@ SIGMOID_VARIANTS = ("exact", "rcp", "series", "tanh")
 @dataclass(frozen=True)
 class Tiles:
     """Launch configuration of the kernels (BLOCK_M: queries, BLOCK_N: keys; dqs: _bwd_dq_scores), the sigmoid's
-    evaluation (sigmoid_attention_kernels.py: "exact", "rcp", "series", "tanh") and the bytes of dS^T workspace the
-    backward may take to read dq from stored scores (0: it recomputes them)."""
+    evaluation (sigmoid_attention_kernels.py: "exact", "rcp", "series", "tanh"), the bytes of dS^T workspace the
+    backward may take to read dq from stored scores (0: it recomputes them) and the forward's registers per thread
+    at most (0: the compiler's choice)."""
     fwd_block_m: int
     fwd_block_n: int
     fwd_warps: int
@@ -46,16 +47,19 @@ class Tiles:
     dqs_block_n: int = 64
     dqs_warps: int = 4
     dqs_stages: int = 3
+    fwd_registers: int = 0
 
 
 # 16-bit inputs on the GPU, per head dim: the fastest of `python -m mini_of3.bench sigmoid --sweep` on an H100 at
 # B = 4, T = 4096, H = 16 (D = 128: forward 1.11 ms, forward+backward 4.98; D = 64: 0.83 and 2.88); D = 32 not swept.
 # D = 128 takes dq from stored scores within 2 GiB (H100, B = 1, T = 16384, tanh: forward+backward 17.86 -> 16.00 ms;
-# at D = 64 it measured slower, 9.22 -> 10.82: sigmoid_scores_430e16f_h100.json)
+# at D = 64 it measured slower, 9.22 -> 10.82: sigmoid_scores_430e16f_h100.json). At D = 128 Triton 3.6 compiles the
+# packed varlen forward to 184 registers (the dense one to 128): two CTAs per SM where its 64 KiB of shared memory
+# allow three; at most 168 keeps three without spilling (tools/lab/kernel_resources.py --kernel sigmoid --layout).
 DEFAULT_TILES = {
     32: Tiles(128, 64, 8, 3, 64, 128, 8, 3, 128, 64, 8, 3, "rcp"),
     64: Tiles(64, 32, 4, 3, 32, 64, 4, 3, 64, 64, 4, 3, "rcp"),
-    128: Tiles(64, 32, 4, 3, 32, 64, 4, 3, 64, 32, 4, 3, "rcp", 2 << 30, 128, 64, 8, 3),
+    128: Tiles(64, 32, 4, 3, 32, 64, 4, 3, 64, 32, 4, 3, "rcp", 2 << 30, 128, 64, 8, 3, fwd_registers=168),
 }
 # float32 inputs (a checking path: 3xTF32 products, exact sigmoid; small tiles fit shared memory at D = 128)
 FLOAT32_TILES = Tiles(32, 32, 4, 1, 32, 32, 4, 1, 32, 32, 4, 1, "exact")
@@ -126,7 +130,7 @@ def forward(q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: int, ca
            *_token_strides(q), *_token_strides(k), *_token_strides(v), *_token_strides(o), sb_s, sb_h,
            _float(bias_value), *_lengths(q, k, layout), scale, **flags,
            BLOCK_M=tiles.fwd_block_m, BLOCK_N=tiles.fwd_block_n, num_warps=tiles.fwd_warps,
-           num_stages=tiles.fwd_stages)
+           num_stages=tiles.fwd_stages, maxnreg=tiles.fwd_registers or None)
     return o
 
 

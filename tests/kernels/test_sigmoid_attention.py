@@ -155,7 +155,8 @@ def test_the_three_layouts_agree_bitwise():
 
 
 @pytest.mark.parametrize("tiles", [
-    dict(fwd_block_m=16, fwd_block_n=32, dkdv_block_m=32, dkdv_block_n=16, dq_block_m=16, dq_block_n=32),
+    dict(fwd_block_m=16, fwd_block_n=32, dkdv_block_m=32, dkdv_block_n=16, dq_block_m=16, dq_block_n=32,
+         fwd_registers=168),
     dict(fwd_block_m=32, fwd_block_n=32, dkdv_block_m=16, dkdv_block_n=16, dq_block_m=32, dq_block_n=16),
 ])
 def test_block_shapes_around_the_causal_diagonal(tiles):

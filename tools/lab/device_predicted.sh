@@ -22,6 +22,8 @@
 #   varlendiag  where the packed forward loses to the dense one: bench sigmoid (tanh, rcp, TritonSigmoid, no float64
 #           check) on one packed sequence of 16384 beside b1t16384, eight packed of 8000 beside b8t8000, and the
 #           16-sequence batch
+#   registers  the GPU tests of the packed layout, then bench sigmoid with the forward's register cap (the default
+#           168 at D = 128) against none, on one packed sequence of 16384 beside b1t16384 and on the 16-sequence batch
 #   MINI_OF3_COMMIT=<hash> bash tools/lab/device_predicted.sh [STEPS]      (default padded,step,tanh,padstep,gluon)
 # Carry .whl (anchors: cueq, TritonSigmoid) and .device (prepared entries). Writes $OUT/<step>.log and the benches'
 # JSON/PNG; prints each step's table last.
@@ -81,7 +83,14 @@ VD="python3 -m mini_of3.bench sigmoid --err-heads 0 --reps 10 --impls mini_of3_t
 [[ ,$steps, == *,varlendiag,* ]] && run_step varlendiag8 120 $VD --shapes b8t8000d128,varlen8d128 \
   --varlen-range 8000,8000 --tag varlen8_$MINI_OF3_COMMIT
 [[ ,$steps, == *,varlendiag,* ]] && run_step varlendiag16 150 $VD --shapes varlen16d128 --tag varlen16_$MINI_OF3_COMMIT
-for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm seriestest series varlendiag1 varlendiag8 varlendiag16; do
+RI=mini_of3_tanh,mini_of3_tanh+fwd_registers=0,mini_of3,mini_of3+fwd_registers=0,triton_sigmoid
+[[ ,$steps, == *,registers,* ]] && run_step registerstest 100 python3 -m pytest -q -x \
+  tests/kernels/test_sigmoid_attention_gpu.py -k "varlen or bitwise"
+[[ ,$steps, == *,registers,* ]] && run_step registers1 130 $VD --impls $RI --shapes b1t16384d128,varlen1d128 \
+  --varlen-range 16384,16384 --tag registers1_$MINI_OF3_COMMIT
+[[ ,$steps, == *,registers,* ]] && run_step registers16 170 $VD --impls $RI --shapes varlen16d128 \
+  --tag registers16_$MINI_OF3_COMMIT
+for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm seriestest series varlendiag1 varlendiag8 varlendiag16 registerstest registers1 registers16; do
   [ -f $OUT/$name.log ] && { echo "== $name"; grep -v -i 'warn' $OUT/$name.log | tail -12; }
 done
 echo "($SECONDS s in all)"

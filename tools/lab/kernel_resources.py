@@ -1,6 +1,7 @@
 """Compile the triangle-attention kernels (and the transition's, ``--kernel transition``) for the H200 (sm_90) on a
 machine without a GPU, and report what each launch configuration costs in registers, spills (local-memory
-loads/stores), shared memory, and which MMA instructions the SASS holds (HGMMA = Hopper wgmma, HMMA = mma.sync).
+loads/stores), shared memory, the CTAs per SM that registers and shared memory each allow, and which MMA
+instructions the SASS holds (HGMMA = Hopper wgmma, HMMA = mma.sync).
 
 Occupancy, not bandwidth, limits these kernels (Nsight Compute: 12.5 % occupancy, register-limited), and
 registers can be read here at no device time. The problem is specialised as the JIT sees a contiguous one (unit
@@ -15,6 +16,7 @@ the GPU machine's (3.6): use it to compare variants, and confirm on the GPU.
     python tools/lab/kernel_resources.py --kernel sigmoid --head-dim 128 --sigmoid rcp,series,tanh
                                          # sigmoid attention's kernels at their default tiles, dense, with the
                                          # special-function (MUFU), vote and branch instructions of each evaluation
+    python tools/lab/kernel_resources.py --kernel sigmoid --head-dim 128 --layout varlen   # the packed layout
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from mini_of3.kernels.sigmoid_attention_host import DEFAULT_TILES  # noqa: E402
 from mini_of3.kernels.triangle_attention_host import _dkdv_configs, _dq_configs, _fwd_configs  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
+SMEM_PER_SM, SMEM_PER_CTA = 228 * 1024, 1024   # sm_90: shared memory per SM, and what the system reserves per CTA
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 DIVISIBLE = ("N", "NN", "AB_PART", "Tq", "Tk")   # N a multiple of 16 (every crop size), T too, as the JIT sees them
 UNIT_STRIDES = ("sq_d", "sk_d", "sv_d", "so_d", "sd_d", "sg_d", "sb_k", "sm_k", "so_k")
@@ -87,7 +90,8 @@ def resources(compiled) -> dict:
             "mma": "HGMMA" if "HGMMA" in sass else ("HMMA" if "HMMA" in sass else "-"),
             "mufu": sass.count("MUFU."), "vote": sass.count("VOTE"), "bra": sass.count(" BRA"),
             "instructions": len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", sass, re.M)),
-            "ctas_per_sm_by_regs": 65536 // (regs * 32 * compiled.metadata.num_warps)}
+            "ctas_per_sm_by_regs": 65536 // (regs * 32 * compiled.metadata.num_warps),
+            "ctas_per_sm_by_smem": SMEM_PER_SM // (compiled.metadata.shared + SMEM_PER_CTA)}
 
 
 def main() -> None:
@@ -96,6 +100,8 @@ def main() -> None:
                         default="all")
     parser.add_argument("--sigmoid", default="rcp,series,tanh", help="--kernel sigmoid: the evaluations compiled")
     parser.add_argument("--head-dim", type=int, default=32)
+    parser.add_argument("--layout", choices=("dense", "padded", "varlen"), default="dense",
+                        help="--kernel sigmoid: the layout compiled")
     parser.add_argument("--maxnreg", type=int, default=None)
     parser.add_argument("--full-loops", action="store_true", help="the key loops over every key tile (no KEY_END "
                         "bound: skip_masked_keys off)")
@@ -133,8 +139,8 @@ def main() -> None:
     if args.kernel == "sigmoid":       # BLOCK_J, BLOCK_K columns: queries and keys of each kernel's tile
         t = DEFAULT_TILES[d]
         for variant in args.sigmoid.split(","):
-            flags = dict(LAYOUT="dense", CAUSAL=False, BIAS_KIND="keys", SIGMOID=variant, ASM=True, DOT_PREC="tf32",
-                         HEAD_DIM=d)
+            flags = dict(LAYOUT=args.layout, CAUSAL=False, BIAS_KIND="keys", SIGMOID=variant, ASM=True,
+                         DOT_PREC="tf32", HEAD_DIM=d)
             tiles = dict(fwd=(t.fwd_block_m, t.fwd_block_n, t.fwd_warps, t.fwd_stages),
                          dkdv=(t.dkdv_block_m, t.dkdv_block_n, t.dkdv_warps, t.dkdv_stages),
                          dq=(t.dq_block_m, t.dq_block_n, t.dq_warps, t.dq_stages))
@@ -143,18 +149,19 @@ def main() -> None:
                 m, n, warps, stages = tiles[kernel]
                 name = f"{kernel}{' +dS' if extra.get('STORE_DS') else ''} {variant}"
                 jobs.append((name, fn, dict(flags, **extra, BLOCK_M=m, BLOCK_N=n, BLOCK_J=m, BLOCK_K=n), warps,
-                             stages))
-        jobs.append(("dq from dS", SK._bwd_dq_scores, dict(LAYOUT="dense", CAUSAL=False, DOT_PREC="tf32", HEAD_DIM=d,
+                             stages, (t.fwd_registers or None) if kernel == "fwd" else None))
+        jobs.append(("dq from dS", SK._bwd_dq_scores, dict(LAYOUT=args.layout, CAUSAL=False, DOT_PREC="tf32",
+                                                          HEAD_DIM=d,
                                                           BLOCK_M=t.dqs_block_m, BLOCK_N=t.dqs_block_n,
                                                           BLOCK_J=t.dqs_block_m, BLOCK_K=t.dqs_block_n),
                      t.dqs_warps, t.dqs_stages))
-    print(f"{'kernel':14s}{'BJ':>5s}{'BK':>5s}{'warps':>6s}{'stages':>7s}{'regs':>6s}{'CTA/SM':>7s}{'stack':>7s}"
+    print(f"{'kernel':14s}{'BJ':>5s}{'BK':>5s}{'warps':>6s}{'stages':>7s}{'regs':>6s}{'CTA:reg':>8s}{':smem':>6s}{'stack':>6s}"
           f"{'LDL':>5s}{'STL':>5s}{'smem':>8s}  mma  {'MUFU':>5s}{'VOTE':>5s}{'BRA':>5s}{'instr':>6s}")
-    for name, fn, flags, warps, stages in jobs:
+    for name, fn, flags, warps, stages, *cap in jobs:   # cap: the launch's maxnreg, where it sets one
         r = resources(compile_kernel(fn, {k: v for k, v in flags.items() if k in fn.arg_names}, warps, stages,
-                                     args.maxnreg))
+                                     cap[0] if cap and cap[0] else args.maxnreg))
         print(f"{name:14s}{flags['BLOCK_J']:5d}{flags['BLOCK_K']:5d}{warps:6d}{stages:7d}{r['regs']:6d}"
-              f"{r['ctas_per_sm_by_regs']:7d}{r['stack']:7d}{r['local_ld']:5d}{r['local_st']:5d}{r['smem']:8d}  "
+              f"{r['ctas_per_sm_by_regs']:8d}{r['ctas_per_sm_by_smem']:6d}{r['stack']:6d}{r['local_ld']:5d}{r['local_st']:5d}{r['smem']:8d}  "
               f"{r['mma']:5s}{r['mufu']:5d}{r['vote']:5d}{r['bra']:5d}{r['instructions']:6d}", flush=True)
 
 
