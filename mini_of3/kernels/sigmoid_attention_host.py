@@ -17,7 +17,7 @@ import torch
 from mini_of3.kernels import sigmoid_attention_kernels as K
 from mini_of3.kernels.host import TileOverride, allocate, interpreting, launch
 
-SIGMOID_VARIANTS = ("exact", "rcp", "series", "tanh")
+SIGMOID_VARIANTS = ("exact", "rcp", "tanh")
 
 # ---------------------------------------------------------------------------------------------------------------
 # tiles
@@ -26,7 +26,7 @@ SIGMOID_VARIANTS = ("exact", "rcp", "series", "tanh")
 @dataclass(frozen=True)
 class Tiles:
     """Launch configuration of the kernels (BLOCK_M: queries, BLOCK_N: keys; dqs: _bwd_dq_scores), the sigmoid's
-    evaluation (sigmoid_attention_kernels.py: "exact", "rcp", "series", "tanh"), the bytes of dS^T workspace the
+    evaluation (sigmoid_attention_kernels.py: "exact", "rcp", "tanh"), the bytes of dS^T workspace the
     backward may take to read dq from stored scores (0: it recomputes them) and the forward's registers per thread
     at most (0: the compiler's choice)."""
     fwd_block_m: int

@@ -15,8 +15,6 @@
 #           TritonSigmoid, cuDNN
 #   confirm  the bar's two D = 128 shapes at the defaults, TritonSigmoid between two identical arms of ours (tanh;
 #           "+dqs_warps=8" is the default), then the default rcp
-#   series  the GPU tests of every sigmoid evaluation, then bench sigmoid at the five shapes: ours with "series",
-#           TritonSigmoid, ours with tanh and with rcp (the default), cuDNN
 #   sweepscores  bench sigmoid --sweep --sigmoid tanh --tiles scores_budget=2147483648 --sweep-kernels dkdv,dq at
 #           T = 16384, D = 128 (the backward's tiles with stored scores)
 #   varlendiag  where the packed forward loses to the dense one: bench sigmoid (tanh, rcp, TritonSigmoid, no float64
@@ -70,10 +68,6 @@ GIB8=scores_budget=8589934592
   --shapes ${MINI_OF3_SIGMOID_SHAPES:-b1t16384d128,b4t4096d128} \
   --impls ${MINI_OF3_SIGMOID_IMPLS:-mini_of3_tanh,triton_sigmoid,mini_of3_tanh+dqs_warps=8,mini_of3} \
   --out $OUT --tag confirm_$MINI_OF3_COMMIT
-[[ ,$steps, == *,series,* ]] && run_step seriestest 120 python3 -m pytest -q -x \
-  tests/kernels/test_sigmoid_attention_gpu.py -k "evaluations or stored_scores or series" -s
-[[ ,$steps, == *,series,* ]] && run_step series 420 python3 -m mini_of3.bench sigmoid --err-heads 1 --reps 10 \
-  --impls mini_of3+sigmoid=series,triton_sigmoid,mini_of3_tanh,mini_of3,cudnn --out $OUT --tag series_$MINI_OF3_COMMIT
 [[ ,$steps, == *,sweepscores,* ]] && run_step sweepscores 400 python3 -m mini_of3.bench sigmoid --sweep \
   --sigmoid tanh --tiles $GIB2 --sweep-kernels dkdv,dq --shapes b1t16384d128 --reps 10 --err-heads 1 --out $OUT \
   --tag scores_tanh_b1t16384d128_$MINI_OF3_COMMIT
@@ -90,7 +84,7 @@ RI=mini_of3_tanh,mini_of3_tanh+fwd_registers=0,mini_of3,mini_of3+fwd_registers=0
   --varlen-range 16384,16384 --tag registers1_$MINI_OF3_COMMIT
 [[ ,$steps, == *,registers,* ]] && run_step registers16 170 $VD --impls $RI --shapes varlen16d128 \
   --tag registers16_$MINI_OF3_COMMIT
-for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm seriestest series varlendiag1 varlendiag8 varlendiag16 registerstest registers1 registers16; do
+for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm varlendiag1 varlendiag8 varlendiag16 registerstest registers1 registers16; do
   [ -f $OUT/$name.log ] && { echo "== $name"; grep -v -i 'warn' $OUT/$name.log | tail -12; }
 done
 echo "($SECONDS s in all)"

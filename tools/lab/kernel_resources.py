@@ -13,9 +13,9 @@ the GPU machine's (3.6): use it to compare variants, and confirm on the GPU.
     python tools/lab/kernel_resources.py --head-dim 64 --maxnreg 168
     python tools/lab/kernel_resources.py --mask-queries  # the key- and query-bounded loops (mask_queries=True)
     python tools/lab/kernel_resources.py --kernel transition   # tiles of the fused transition, C = 128, n = 4
-    python tools/lab/kernel_resources.py --kernel sigmoid --head-dim 128 --sigmoid rcp,series,tanh
+    python tools/lab/kernel_resources.py --kernel sigmoid --head-dim 128 --sigmoid rcp,tanh
                                          # sigmoid attention's kernels at their default tiles, dense, with the
-                                         # special-function (MUFU), vote and branch instructions of each evaluation
+                                         # special-function (MUFU) and branch instructions of each evaluation
     python tools/lab/kernel_resources.py --kernel sigmoid --head-dim 128 --layout varlen   # the packed layout
 """
 from __future__ import annotations
@@ -88,7 +88,7 @@ def resources(compiled) -> dict:
     return {"regs": regs, "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
             "smem": compiled.metadata.shared, "local_ld": sass.count("LDL"), "local_st": sass.count("STL"),
             "mma": "HGMMA" if "HGMMA" in sass else ("HMMA" if "HMMA" in sass else "-"),
-            "mufu": sass.count("MUFU."), "vote": sass.count("VOTE"), "bra": sass.count(" BRA"),
+            "mufu": sass.count("MUFU."), "bra": sass.count(" BRA"),
             "instructions": len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", sass, re.M)),
             "ctas_per_sm_by_regs": 65536 // (regs * 32 * compiled.metadata.num_warps),
             "ctas_per_sm_by_smem": SMEM_PER_SM // (compiled.metadata.shared + SMEM_PER_CTA)}
@@ -98,7 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kernel", choices=("fwd", "dq", "dkdv", "dbias", "all", "transition", "sigmoid"),
                         default="all")
-    parser.add_argument("--sigmoid", default="rcp,series,tanh", help="--kernel sigmoid: the evaluations compiled")
+    parser.add_argument("--sigmoid", default="rcp,tanh", help="--kernel sigmoid: the evaluations compiled")
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--layout", choices=("dense", "padded", "varlen"), default="dense",
                         help="--kernel sigmoid: the layout compiled")
@@ -156,13 +156,13 @@ def main() -> None:
                                                           BLOCK_J=t.dqs_block_m, BLOCK_K=t.dqs_block_n),
                      t.dqs_warps, t.dqs_stages))
     print(f"{'kernel':14s}{'BJ':>5s}{'BK':>5s}{'warps':>6s}{'stages':>7s}{'regs':>6s}{'CTA:reg':>8s}{':smem':>6s}{'stack':>6s}"
-          f"{'LDL':>5s}{'STL':>5s}{'smem':>8s}  mma  {'MUFU':>5s}{'VOTE':>5s}{'BRA':>5s}{'instr':>6s}")
+          f"{'LDL':>5s}{'STL':>5s}{'smem':>8s}  mma  {'MUFU':>5s}{'BRA':>5s}{'instr':>6s}")
     for name, fn, flags, warps, stages, *cap in jobs:   # cap: the launch's maxnreg, where it sets one
         r = resources(compile_kernel(fn, {k: v for k, v in flags.items() if k in fn.arg_names}, warps, stages,
                                      cap[0] if cap and cap[0] else args.maxnreg))
         print(f"{name:14s}{flags['BLOCK_J']:5d}{flags['BLOCK_K']:5d}{warps:6d}{stages:7d}{r['regs']:6d}"
               f"{r['ctas_per_sm_by_regs']:8d}{r['ctas_per_sm_by_smem']:6d}{r['stack']:6d}{r['local_ld']:5d}{r['local_st']:5d}{r['smem']:8d}  "
-              f"{r['mma']:5s}{r['mufu']:5d}{r['vote']:5d}{r['bra']:5d}{r['instructions']:6d}", flush=True)
+              f"{r['mma']:5s}{r['mufu']:5d}{r['bra']:5d}{r['instructions']:6d}", flush=True)
 
 
 if __name__ == "__main__":
