@@ -185,7 +185,7 @@ def _scores_base(WS, WS_OFF, s, hc, Hc, Lq, Lk, Tq, Tk, LAYOUT: tl.constexpr):
     [Tk, ld(Tq)] at s Hc Tk ld(Tq); varlen [Lk, ld(Lq)] at Hc WS_OFF[s] (int64, exclusive prefix sums)."""
     if LAYOUT == "varlen":
         ld = (Lq + 15) // 16 * 16
-        first = tl.load(WS_OFF + s) * Hc
+        first = tl.multiple_of(tl.load(WS_OFF + s), 16) * Hc       # sums of Lk aligned(Lq): multiples of 16
         rows = Lk
     else:
         ld = (Tq + 15) // 16 * 16
