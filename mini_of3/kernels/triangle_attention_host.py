@@ -127,7 +127,7 @@ def _dq_configs(head_dim: int) -> list[triton.Config]:
     else:
         blocks = [(64, 32, 4, 3, 2), (64, 64, 4, 2, 2), (64, 32, 4, 2, 2), (128, 32, 4, 3, 2), (64, 32, 4, 3, 1),
                   (64, 64, 4, 2, 1)]
-    return _configs(blocks, "ROWS")
+    return _configs(blocks, "ROWS") + _register_capped(blocks, "ROWS")
 
 
 @functools.cache
@@ -145,9 +145,26 @@ def _dkdv_configs(head_dim: int) -> list[triton.Config]:
     return _configs([(*b, prefetch) for prefetch, chosen in levels for b in chosen], "PREFETCH")
 
 
+# Register caps (maxnreg) that buy a CTA per SM for a few spills, offline for sm_90 with Triton 3.6 (D = 32,
+# tools/lab/kernel_resources.py): dQ, one row, 64 x 32, 3 stages: 168 -> 128 registers, three -> four CTAs, 5 spilled
+# accesses in the loop; dbias 64 x 64, 1 stage: 230 -> 168, two -> three CTAs, 5 in the loop. Candidates only: the
+# autotuner keeps them where they measure faster.
+DQ_REGISTER_CAPS = {(64, 32, 4, 3, 1): 128}     # (BLOCK_J, BLOCK_K, warps, stages, ROWS): maxnreg
+DBIAS_REGISTER_CAPS = {(4, 1): 168}               # (warps, stages): maxnreg
+
+
+def _register_capped(blocks, *names: str) -> list[triton.Config]:
+    """The dQ candidates of ``blocks`` that DQ_REGISTER_CAPS names, once more under their register cap."""
+    return [triton.Config({"BLOCK_J": bj, "BLOCK_K": bk, **dict(zip(names, rest))}, num_warps=w, num_stages=s,
+                          maxnreg=DQ_REGISTER_CAPS[(bj, bk, w, s, *rest)])
+            for bj, bk, w, s, *rest in blocks if (bj, bk, w, s, *rest) in DQ_REGISTER_CAPS]
+
+
 @functools.cache
 def _dbias_configs() -> list[triton.Config]:
-    return [triton.Config({}, num_warps=w, num_stages=s) for w, s in ((4, 1), (4, 2), (4, 3), (8, 1), (8, 2))]
+    configs = [triton.Config({}, num_warps=w, num_stages=s) for w, s in ((4, 1), (4, 2), (4, 3), (8, 1), (8, 2))]
+    return configs + [triton.Config({}, num_warps=w, num_stages=s, maxnreg=cap)
+                      for (w, s), cap in DBIAS_REGISTER_CAPS.items()]
 
 
 _tuned: dict[str, object] = {}
