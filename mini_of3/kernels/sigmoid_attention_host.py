@@ -53,12 +53,13 @@ class Tiles:
 # 16-bit inputs on the GPU, per head dim: the fastest of `python -m mini_of3.bench sigmoid --sweep` on an H100 at
 # B = 4, T = 4096, H = 16 (D = 128: forward 1.11 ms, forward+backward 4.98; D = 64: 0.83 and 2.88); D = 32 not swept.
 # D = 128 takes dq from stored scores within 2 GiB (H100, B = 1, T = 16384, tanh: forward+backward 17.86 -> 16.00 ms;
-# at D = 64 it measured slower, 9.22 -> 10.82: sigmoid_scores_430e16f_h100.json). At D = 128 Triton 3.6 compiles the
-# packed varlen forward to 184 registers (the dense one to 128): two CTAs per SM where its 64 KiB of shared memory
-# allow three; at most 168 keeps three without spilling (tools/lab/kernel_resources.py --kernel sigmoid --layout).
+# at D = 64 it measured slower, 9.22 -> 10.82: sigmoid_scores_430e16f_h100.json). Triton 3.6 compiles the packed
+# varlen forward to more registers than the dense one, which costs CTAs per SM that shared memory would allow: at
+# D = 128 184 against 128 registers, two CTAs instead of three (at most 168: three, no spills); at D = 64 91 against
+# 82, five instead of six (at most 80: six, no spills). tools/lab/kernel_resources.py --kernel sigmoid --layout.
 DEFAULT_TILES = {
     32: Tiles(128, 64, 8, 3, 64, 128, 8, 3, 128, 64, 8, 3, "rcp"),
-    64: Tiles(64, 32, 4, 3, 32, 64, 4, 3, 64, 64, 4, 3, "rcp"),
+    64: Tiles(64, 32, 4, 3, 32, 64, 4, 3, 64, 64, 4, 3, "rcp", fwd_registers=80),
     128: Tiles(64, 32, 4, 3, 32, 64, 4, 3, 64, 32, 4, 3, "rcp", 2 << 30, 128, 64, 8, 3, fwd_registers=168),
 }
 # float32 inputs (a checking path: 3xTF32 products, exact sigmoid; small tiles fit shared memory at D = 128)
