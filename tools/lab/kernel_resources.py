@@ -6,8 +6,12 @@ instructions the SASS holds (HGMMA = Hopper wgmma, HMMA = mma.sync).
 Occupancy, not bandwidth, limits these kernels (Nsight Compute: 12.5 % occupancy, register-limited), and
 registers can be read here at no device time. The problem is specialised as the JIT sees a contiguous one (unit
 strides are the constant 1, pointers and other strides divisible by 16), which is what makes the loads vectorise.
-Uses ptxas and cuobjdump from Triton's own package. Codegen of the local Triton (3.9 here) may differ a little from
-the GPU machine's (3.6): use it to compare variants, and confirm on the GPU.
+Uses ptxas and cuobjdump from Triton's own package, so the figures are those of the Triton that runs it. The GPU
+machine's is 3.6, and its register allocation differs from 3.9's (the packed sigmoid forward: 184 registers with 3.6,
+140 with 3.9); to read what the GPU will run, compile with 3.6 in a virtual environment that sees this torch:
+
+    python -m venv --system-site-packages /tmp/t36 && /tmp/t36/bin/pip install triton==3.6.0
+    PYTHONPATH=. /tmp/t36/bin/python tools/lab/kernel_resources.py --kernel sigmoid --head-dim 128 --layout varlen
 
     python tools/lab/kernel_resources.py                 # the autotuning candidates of every kernel, D = 32
     python tools/lab/kernel_resources.py --head-dim 64 --maxnreg 168
