@@ -17,8 +17,11 @@ past the end), which the last tile masks in registers; query rows past the seque
   S = Q K^T and O += P V by wgmma (P from registers); the slot is refilled as soon as its P V has retired.
 - `sig_fwd_ws2`: two consumer warpgroups (the default partition and a 4-warp worker, BM queries each) read one K/V
   ring that a one-warp producer partition fills; "empty" waits for both consumers. While one warpgroup evaluates its
-  sigmoids (MUFU) the other's wgmma can run: FlashAttention-3's overlap, left to the warp schedulers (no ping-pong
-  barriers: Gluon 3.6 exposes no named barriers).
+  sigmoids (MUFU) the other's wgmma can run: left to the warp schedulers, or (PINGPONG) enforced by two "turn"
+  mbarriers as FlashAttention-3 does with named barriers (which Gluon 3.6 does not expose).
+
+Both kernels optionally take FlashAttention-3's intra-warpgroup overlap (OVERLAP: S of the next key tile issued to
+the tensor cores before this tile's sigmoids are evaluated).
 
 Each runs with the sigmoid as TritonSigmoid's `tanh.approx` ("tanh") or as `1 / (1 + 2^-z)` by ex2.approx and
 rcp.approx ("rcp", the default of `sigmoid_attention`), at the tilings of VARIANTS.
@@ -228,6 +231,40 @@ def _consume_overlap(q_smem, k_ring, v_ring, ready, empty, k_desc, v_desc, o_ptr
     _store_o(o_ptr, acc, start, length, m0, h, H, BM, D, o_layout)
 
 
+@gluon.jit
+def _consume_pingpong(q_smem, k_ring, v_ring, ready, empty, turn, o_ptr, start, length, h, m0, H, scale,
+                      BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, NS: gl.constexpr, TANH: gl.constexpr,
+                      WG: gl.constexpr):
+    """A consumer of sig_fwd_ws2 taking turns with the other on the tensor cores (FlashAttention-3's ping-pong,
+    with mbarriers for its named barriers): warpgroup WG waits for turn[WG], issues S = Q K^T, hands the turn to the
+    other and evaluates its sigmoids while the other's product runs. Warpgroup 0 has the first turn: waiting on a
+    fresh barrier for parity 1 passes at once."""
+    s_layout: gl.constexpr = mma_layout(BN, 4)
+    o_layout: gl.constexpr = mma_layout(D, 4)
+    mul, add = _coefficients(length, scale, TANH)
+    acc = gl.zeros([BM, D], gl.float32, o_layout)
+    n_tiles = gl.cdiv(length, BN)
+    n_full = length // BN
+    for t in range(n_tiles):
+        slot = t % NS
+        mbarrier.wait(ready.index(slot), (t // NS) & 1)
+        mbarrier.wait(turn.index(WG), (t & 1) ^ (1 - WG))
+        s = warpgroup_mma(q_smem, k_ring.index(slot).permute((1, 0)), gl.zeros([BM, BN], gl.float32, s_layout),
+                          use_acc=False, is_async=True)
+        mbarrier.arrive(turn.index(1 - WG))
+        s = warpgroup_mma_wait(0, deps=(s, ))
+        p = _sigmoid(s * mul + add, TANH)
+        if t >= n_full:
+            cols = t * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+            p = gl.where(cols[None, :] < length, p, 0.0)
+        p_op = gl.convert_layout(p.to(gl.bfloat16), gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                                         k_width=2))
+        acc = warpgroup_mma(p_op, v_ring.index(slot), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        mbarrier.arrive(empty.index(slot))
+    _store_o(o_ptr, acc, start, length, m0, h, H, BM, D, o_layout)
+
+
 # ---- kernel 1: one warpgroup, the TMA ring refilled in-line ----------------------------------------------------
 
 
@@ -272,14 +309,17 @@ def _producer(k_desc, v_desc, k_ring, v_ring, ready, empty, cu_ptr, BM: gl.const
 @gluon.jit
 def _consumer_wg(q_smem, q_bar, k_ring, v_ring, ready, empty, q_desc, k_desc, v_desc, o_ptr, cu_ptr, H, scale,
                  BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, NS: gl.constexpr, TANH: gl.constexpr,
-                 OVERLAP: gl.constexpr, WG: gl.constexpr):
+                 OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, turn, WG: gl.constexpr):
     """Consumer warpgroup WG of 2: its own Q tile (queries m0 .. m0 + BM) and accumulator, the shared ring. Both
     walk every key tile while the program's first query is in the sequence (the producer fills the ring for both)."""
     start, length, h, m0 = _sequence(cu_ptr, BM, 2, WG)
     first = m0 - WG * BM
     if first < length:
         _load_q(q_desc, start + m0, h * D, q_smem, q_bar)
-        if OVERLAP:
+        if PINGPONG:
+            _consume_pingpong(q_smem, k_ring, v_ring, ready, empty, turn, o_ptr, start, length, h, m0, H, scale,
+                              BM, BN, D, NS, TANH, WG)
+        elif OVERLAP:
             _consume_overlap(q_smem, k_ring, v_ring, ready, empty, k_desc, v_desc, o_ptr, start, length, h, m0, H,
                              scale, BM, BN, D, NS, TANH, True, 4)
         else:
@@ -289,8 +329,8 @@ def _consumer_wg(q_smem, q_bar, k_ring, v_ring, ready, empty, q_desc, k_desc, v_
 
 @gluon.jit
 def sig_fwd_ws2(q_desc, k_desc, v_desc, o_ptr, cu_ptr, H, scale, NS: gl.constexpr, TANH: gl.constexpr,
-                OVERLAP: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                num_warps: gl.constexpr):
+                OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
     BM: gl.constexpr = q_desc.block_type.shape[0]
     D: gl.constexpr = q_desc.block_type.shape[1]
     BN: gl.constexpr = k_desc.block_type.shape[0]
@@ -298,11 +338,14 @@ def sig_fwd_ws2(q_desc, k_desc, v_desc, o_ptr, cu_ptr, H, scale, NS: gl.constexp
     q1 = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     bar1 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(bar1, count=1)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for w in gl.static_range(2):
+        mbarrier.init(turn.index(w), count=1)
     gl.warp_specialize([
         (_consumer_wg, (q0, bar0, k_ring, v_ring, ready, empty, q_desc, k_desc, v_desc, o_ptr, cu_ptr, H, scale,
-                        BM, BN, D, NS, TANH, OVERLAP, 0)),
+                        BM, BN, D, NS, TANH, OVERLAP, PINGPONG, turn, 0)),
         (_consumer_wg, (q1, bar1, k_ring, v_ring, ready, empty, q_desc, k_desc, v_desc, o_ptr, cu_ptr, H, scale,
-                        BM, BN, D, NS, TANH, OVERLAP, 1)),
+                        BM, BN, D, NS, TANH, OVERLAP, PINGPONG, turn, 1)),
         (_producer, (k_desc, v_desc, k_ring, v_ring, ready, empty, cu_ptr, BM, BN, D, NS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -325,10 +368,11 @@ class Variant:
     @property
     def name(self) -> str:
         return (f"{self.kernel.fn.__name__} {self.bm}x{self.bn} s{self.ns} {'tanh' if self.tanh else 'rcp'}"
-                f"{' overlap' if self.overlap else ''}")
+                f"{' overlap' if self.overlap else ''}{' pingpong' if dict(self.extra).get('PINGPONG') else ''}")
 
 
-WS2 = (("PRODUCER_REGS", 24), ("CONSUMER_REGS", 240))
+WS2 = (("PRODUCER_REGS", 24), ("CONSUMER_REGS", 240), ("PINGPONG", False))
+PINGPONG = (("PRODUCER_REGS", 24), ("CONSUMER_REGS", 240), ("PINGPONG", True))
 VARIANTS = [                                 # shared memory: 64 x 64 x 2 stages leaves room for two CTAs per SM
     Variant(sig_fwd_pipelined, 64, 64, 2, True),
     Variant(sig_fwd_pipelined, 64, 64, 3, True),
@@ -340,6 +384,8 @@ VARIANTS = [                                 # shared memory: 64 x 64 x 2 stages
     Variant(sig_fwd_ws2, 64, 128, 2, True, True, WS2, 2),
     Variant(sig_fwd_ws2, 64, 128, 3, True, True, WS2, 2),
     Variant(sig_fwd_ws2, 64, 128, 2, False, True, WS2, 2),
+    Variant(sig_fwd_ws2, 64, 128, 2, True, False, PINGPONG, 2),
+    Variant(sig_fwd_ws2, 64, 64, 3, True, False, PINGPONG, 2),
 ]
 
 
@@ -416,8 +462,8 @@ def _time_ms(fn, reps: int = 10) -> float:
     return sorted(times)[reps // 2]
 
 
-def run_gpu(shape_name: str) -> None:
-    """Every variant beside mini_of3's Triton forward (tanh and rcp) on one benchmark shape of `bench sigmoid`:
+def run_gpu(shape_name: str, variants: list[Variant]) -> None:
+    """``variants`` beside mini_of3's Triton forward (tanh and rcp) on one benchmark shape of `bench sigmoid`:
     norm-relative error of o against float64 on head 0 and against the Triton forward of the same evaluation on all
     heads, ms and TFLOP/s over real tokens, the Triton and Gluon calls interleaved over rounds."""
     from mini_of3.bench.sigmoid import float64_reference, make_packed, parse_shape
@@ -436,7 +482,7 @@ def run_gpu(shape_name: str) -> None:
         return call
     rows = [("triton tanh", triton_fwd("tanh"), None), ("triton rcp", triton_fwd("rcp"), None)]
     baseline = {"tanh": rows[0][1](), "rcp": rows[1][1]()}
-    for variant in VARIANTS:
+    for variant in variants:
         try:
             rows.append((variant.name, gluon_launcher(variant, q, k, v, cu, T), "tanh" if variant.tanh else "rcp"))
         except Exception as e:  # a probe: report and go on to the next kernel
@@ -474,9 +520,11 @@ def main() -> None:
                   f"wgmma {r['wgmma']}  tma {r['tma']}  setmaxnreg {r['setmaxnreg']}  sfu {r['mufu']}", flush=True)
         except Exception as e:  # a probe: report and go on to the next kernel
             print(f"{variant.name:34s} compile FAILED: {type(e).__name__}: {str(e)[:2000]}", flush=True)
-    if torch.cuda.is_available():
+    if torch.cuda.is_available():   # the ping-pong kernels last: a hang in their turn-taking loses only their rows
+        pingpong = [v for v in VARIANTS if dict(v.extra).get("PINGPONG")]
         for shape_name in ("b1t16384d128", "varlen16d128"):
-            run_gpu(shape_name)
+            run_gpu(shape_name, [v for v in VARIANTS if v not in pingpong])
+        run_gpu("b1t16384d128", pingpong)
 
 
 if __name__ == "__main__":
