@@ -1,0 +1,390 @@
+"""Sigmoid-attention dK/dV backward written in Gluon for Hopper (sm_90): a lab probe for issues 41 and 42, not
+shipped code; the backward half of tools/lab/gluon_sigmoid_fwd.py.
+
+Targets Triton 3.6.0 (`triton.experimental.gluon`) and torch 2.11. The backward is three quarters of a sigmoid-
+attention step (H100, B = 1, T = 16384, D = 128, tanh: forward 4.18, forward+backward 15.33 ms) and its dK/dV kernel
+the largest part. Per (key block, head, sequence), over the query tiles of the sequence (as `_bwd_dkdv`):
+
+    S^T = K Q^T   P^T = sigmoid(S^T)   dV += P^T dO   dP^T = V dO^T   dS^T = dP^T P^T (1 - P^T) scale   dK += dS^T Q
+
+q, k, v, do, dk, dv bf16 packed [total, H, D] with cu_seqlens [S + 1], the default bias b = -log(L). K and V of the
+block stay in shared memory; Q and dO tiles arrive by TMA through the 2-D view [total, H * D] into an NS-deep ring.
+All four products are wgmma; P^T and dS^T enter the second operand-A slot from registers.
+
+- `sig_dkdv_pipelined`: one warpgroup (BN keys), the ring refilled in-line.
+- `sig_dkdv_ws2`: two consumer warpgroups (BN keys each, one program 2 BN keys) sharing one Q/dO ring that a
+  one-warp producer fills.
+
+    python tools/lab/gluon_sigmoid_bwd.py      # compile for sm_90 (no GPU needed): regs, spills, smem; with a CUDA
+                                               # GPU also: dK, dV against float64 (head 0) and against the Triton
+                                               # backward, and ms beside the Triton _bwd_dkdv kernel (profiler)
+"""
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+TARGET = GPUTarget("cuda", 90, 32)
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+HEAD_D = 128
+NUM_WARPS = 4
+
+
+@gluon.constexpr_function
+def mma_layout(block_n, num_warps):
+    """wgmma accumulator layout for [rows, block_n] fp32 with warps stacked along the rows."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, block_n, 16])
+
+
+@gluon.jit
+def _sequence(cu_ptr, BN: gl.constexpr, NWG: gl.constexpr = 1, WG: gl.constexpr = 0):
+    """-> (first token of the program's sequence, its length L, head h, first key n0 of warpgroup WG)."""
+    seq = gl.program_id(2)
+    start = gl.load(cu_ptr + seq)
+    length = gl.load(cu_ptr + seq + 1) - start
+    return start, length, gl.program_id(1), (gl.program_id(0) * NWG + WG) * BN
+
+
+@gluon.jit
+def _sigmoid(z, TANH: gl.constexpr):
+    """tanh: 0.5 + 0.5 tanh.approx(z), z = x / 2; else 1 / (1 + 2^-z), z = x log2(e) (gluon_sigmoid_fwd.py)."""
+    if TANH:
+        t = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [z], dtype=gl.float32, is_pure=True, pack=1)
+        return 0.5 + 0.5 * t
+    else:
+        return gl.inline_asm_elementwise(
+            "{ .reg .f32 e; neg.f32 e, $1; ex2.approx.ftz.f32 e, e; add.f32 e, e, 0f3F800000; "
+            "rcp.approx.ftz.f32 $0, e; }", "=f,f", [z], dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _load_qdo(q_desc, do_desc, row, col, bar, q_slot, do_slot, pred):
+    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(q_desc, [row, col], bar, q_slot, pred=pred)
+    tma.async_copy_global_to_shared(do_desc, [row, col], bar, do_slot, pred=pred)
+
+
+@gluon.jit
+def _load_kv_block(k_desc, v_desc, row, col, k_smem, v_smem, bar):
+    mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [row, col], bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [row, col], bar, v_smem)
+    mbarrier.wait(bar, 0)
+
+
+@gluon.jit
+def _query_tile(dk, dv, k_smem, v_smem, q_slot, do_slot, m0, length, mul, add, scale,
+                BN: gl.constexpr, BM: gl.constexpr, st_layout: gl.constexpr, acc_layout: gl.constexpr,
+                TANH: gl.constexpr, MASKED: gl.constexpr):
+    """dk, dv [BN, D] + the contributions of one query tile [m0, m0 + BM) (MASKED: queries >= length give none)."""
+    op_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    st = warpgroup_mma(k_smem, q_slot.permute((1, 0)), gl.zeros([BN, BM], gl.float32, st_layout), use_acc=False,
+                       is_async=True)
+    dpt = warpgroup_mma(v_smem, do_slot.permute((1, 0)), gl.zeros([BN, BM], gl.float32, st_layout), use_acc=False,
+                        is_async=True)
+    st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
+    pt = _sigmoid(st * mul + add, TANH)                                                       # [BN, BM]
+    if MASKED:
+        rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, st_layout))
+        pt = gl.where(rows[None, :] < length, pt, 0.0)
+    dst = dpt * pt * (1.0 - pt) * scale
+    dv = warpgroup_mma(gl.convert_layout(pt.to(gl.bfloat16), op_a), do_slot, dv, is_async=True)
+    dk = warpgroup_mma(gl.convert_layout(dst.to(gl.bfloat16), op_a), q_slot, dk, is_async=True)
+    return warpgroup_mma_wait(0, deps=(dk, dv))
+
+
+@gluon.jit
+def _store_rows(ptr, value, start, length, n0, h, H, BN: gl.constexpr, D: gl.constexpr, layout: gl.constexpr):
+    rows = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+    ptrs = ptr + ((start + rows[:, None]).to(gl.int64) * H + h) * D + cols[None, :]
+    gl.store(ptrs, value.to(gl.bfloat16), mask=rows[:, None] < length)
+
+
+@gluon.jit
+def _key_block(k_smem, v_smem, q_ring, do_ring, ready, empty, q_desc, do_desc, dk_ptr, dv_ptr, start, length, h, n0,
+               H, scale, BN: gl.constexpr, BM: gl.constexpr, D: gl.constexpr, NS: gl.constexpr, TANH: gl.constexpr,
+               SIGNAL_EMPTY: gl.constexpr):
+    """One consumer warpgroup's loop over the query tiles, then its dK, dV rows. SIGNAL_EMPTY: arrive on
+    empty[slot] for a producer partition; else refill the slot itself."""
+    st_layout: gl.constexpr = mma_layout(BM, 4)
+    acc_layout: gl.constexpr = mma_layout(D, 4)
+    bias = -gl.log(gl.maximum(length, 1).to(gl.float32))
+    if TANH:
+        mul = scale * 0.5
+        add = bias * 0.5
+    else:
+        mul = scale * 1.4426950408889634
+        add = bias * 1.4426950408889634
+    dk = gl.zeros([BN, D], gl.float32, acc_layout)
+    dv = gl.zeros([BN, D], gl.float32, acc_layout)
+    n_tiles = gl.cdiv(length, BM)
+    n_full = length // BM
+    for t in range(n_tiles):
+        slot = t % NS
+        mbarrier.wait(ready.index(slot), (t // NS) & 1)
+        if t < n_full:
+            dk, dv = _query_tile(dk, dv, k_smem, v_smem, q_ring.index(slot), do_ring.index(slot), t * BM, length,
+                                 mul, add, scale, BN, BM, st_layout, acc_layout, TANH, False)
+        else:
+            dk, dv = _query_tile(dk, dv, k_smem, v_smem, q_ring.index(slot), do_ring.index(slot), t * BM, length,
+                                 mul, add, scale, BN, BM, st_layout, acc_layout, TANH, True)
+        if SIGNAL_EMPTY:
+            mbarrier.arrive(empty.index(slot))
+        else:
+            refill = t + NS
+            _load_qdo(q_desc, do_desc, start + refill * BM, h * D, ready.index(slot), q_ring.index(slot),
+                      do_ring.index(slot), refill < n_tiles)
+    _store_rows(dk_ptr, dk, start, length, n0, h, H, BN, D, acc_layout)
+    _store_rows(dv_ptr, dv, start, length, n0, h, H, BN, D, acc_layout)
+
+
+@gluon.jit
+def _alloc(q_desc, k_desc, NS: gl.constexpr, N_CONSUMERS: gl.constexpr):
+    """Shared memory: the Q and dO rings [NS, BM, D], 'ready' and 'empty' barriers per slot."""
+    q_ring = gl.allocate_shared_memory(q_desc.dtype, [NS] + q_desc.block_type.shape, q_desc.layout)
+    do_ring = gl.allocate_shared_memory(q_desc.dtype, [NS] + q_desc.block_type.shape, q_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(NS):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=N_CONSUMERS)
+    return q_ring, do_ring, ready, empty
+
+
+@gluon.jit
+def _kv_smem(k_desc):
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
+    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar, count=1)
+    return k_smem, v_smem, bar
+
+
+@gluon.jit
+def sig_dkdv_pipelined(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, cu_ptr, H, scale, NS: gl.constexpr,
+                       TANH: gl.constexpr, num_warps: gl.constexpr):
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    D: gl.constexpr = q_desc.block_type.shape[1]
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    q_ring, do_ring, ready, empty = _alloc(q_desc, k_desc, NS, 1)
+    k_smem, v_smem, kv_bar = _kv_smem(k_desc)
+    start, length, h, n0 = _sequence(cu_ptr, BN)
+    if n0 < length:
+        n_tiles = gl.cdiv(length, BM)
+        for s in gl.static_range(NS):
+            _load_qdo(q_desc, do_desc, start + s * BM, h * D, ready.index(s), q_ring.index(s), do_ring.index(s),
+                      s < n_tiles)
+        _load_kv_block(k_desc, v_desc, start + n0, h * D, k_smem, v_smem, kv_bar)
+        _key_block(k_smem, v_smem, q_ring, do_ring, ready, empty, q_desc, do_desc, dk_ptr, dv_ptr, start, length, h,
+                   n0, H, scale, BN, BM, D, NS, TANH, False)
+
+
+@gluon.jit
+def _producer(q_desc, do_desc, q_ring, do_ring, ready, empty, cu_ptr, BN: gl.constexpr, BM: gl.constexpr,
+              D: gl.constexpr, NS: gl.constexpr):
+    start, length, h, n0 = _sequence(cu_ptr, BN, 2, 0)
+    if n0 < length:
+        for t in range(gl.cdiv(length, BM)):
+            slot = t % NS
+            mbarrier.wait(empty.index(slot), ((t // NS) & 1) ^ 1)
+            _load_qdo(q_desc, do_desc, start + t * BM, h * D, ready.index(slot), q_ring.index(slot),
+                      do_ring.index(slot), True)
+
+
+@gluon.jit
+def _consumer_wg(k_smem, v_smem, kv_bar, q_ring, do_ring, ready, empty, q_desc, k_desc, v_desc, do_desc, dk_ptr,
+                 dv_ptr, cu_ptr, H, scale, BN: gl.constexpr, BM: gl.constexpr, D: gl.constexpr, NS: gl.constexpr,
+                 TANH: gl.constexpr, WG: gl.constexpr):
+    """Consumer warpgroup WG of 2: keys n0 .. n0 + BN of the program's 2 BN, its own K, V and accumulators, the
+    shared Q/dO ring; both walk every query tile while the program's first key is in the sequence."""
+    start, length, h, n0 = _sequence(cu_ptr, BN, 2, WG)
+    if n0 - WG * BN < length:
+        _load_kv_block(k_desc, v_desc, start + n0, h * D, k_smem, v_smem, kv_bar)
+        _key_block(k_smem, v_smem, q_ring, do_ring, ready, empty, q_desc, do_desc, dk_ptr, dv_ptr, start, length, h,
+                   n0, H, scale, BN, BM, D, NS, TANH, True)
+
+
+@gluon.jit
+def sig_dkdv_ws2(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, cu_ptr, H, scale, NS: gl.constexpr,
+                 TANH: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                 num_warps: gl.constexpr):
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    D: gl.constexpr = q_desc.block_type.shape[1]
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    q_ring, do_ring, ready, empty = _alloc(q_desc, k_desc, NS, 2)
+    k0, v0, bar0 = _kv_smem(k_desc)
+    k1, v1, bar1 = _kv_smem(k_desc)
+    gl.warp_specialize([
+        (_consumer_wg, (k0, v0, bar0, q_ring, do_ring, ready, empty, q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr,
+                        cu_ptr, H, scale, BN, BM, D, NS, TANH, 0)),
+        (_consumer_wg, (k1, v1, bar1, q_ring, do_ring, ready, empty, q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr,
+                        cu_ptr, H, scale, BN, BM, D, NS, TANH, 1)),
+        (_producer, (q_desc, do_desc, q_ring, do_ring, ready, empty, cu_ptr, BN, BM, D, NS)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# ---- host side -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One kernel at one tiling: BN keys per consumer warpgroup, BM queries per stage, NS stages."""
+    kernel: object
+    bn: int
+    bm: int
+    ns: int
+    tanh: bool = True
+    extra: tuple = ()
+    n_wg: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"{self.kernel.fn.__name__} {self.bn}x{self.bm} s{self.ns} {'tanh' if self.tanh else 'rcp'}"
+
+
+WS2 = (("PRODUCER_REGS", 24), ("CONSUMER_REGS", 240))
+VARIANTS = [
+    Variant(sig_dkdv_pipelined, 64, 64, 2),
+    Variant(sig_dkdv_pipelined, 64, 32, 3),
+    Variant(sig_dkdv_ws2, 64, 64, 2, True, WS2, 2),
+    Variant(sig_dkdv_ws2, 64, 32, 3, True, WS2, 2),
+]
+
+
+def _layout(shape: list[int]):
+    return gl.NVMMASharedLayout.get_default_for(shape, gl.bfloat16)
+
+
+def _signature(v: Variant) -> tuple[dict, dict]:
+    qd = f"tensordesc<bf16[{v.bm}, {HEAD_D}],{_layout([v.bm, HEAD_D])!r}>"
+    kd = f"tensordesc<bf16[{v.bn}, {HEAD_D}],{_layout([v.bn, HEAD_D])!r}>"
+    types = {"q_desc": qd, "do_desc": qd, "k_desc": kd, "v_desc": kd, "dk_ptr": "*bf16", "dv_ptr": "*bf16",
+             "cu_ptr": "*i32", "H": "i32", "scale": "fp32"}
+    constexprs = {"NS": v.ns, "TANH": v.tanh, "num_warps": NUM_WARPS, **dict(v.extra)}
+    return {name: types.get(name, "constexpr") for name in v.kernel.arg_names}, constexprs
+
+
+def _ptxas_usage(ptx: str) -> tuple[int, int]:
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        log = subprocess.run([PTXAS, "-v", "--gpu-name=sm_90a", str(src), "-o", str(Path(tmp) / "k.cubin")],
+                             capture_output=True, text=True, check=True).stderr
+    return int(re.search(r"Used (\d+) registers", log).group(1)), int(re.search(r"(\d+) bytes spill stores",
+                                                                               log).group(1))
+
+
+def compile_offline(v: Variant) -> dict:
+    sig, constexprs = _signature(v)
+    compiled = triton.compile(GluonASTSource(v.kernel, sig, constexprs), target=TARGET,
+                              options={"num_warps": NUM_WARPS})
+    ptx = compiled.asm["ptx"]
+    regs, spills = _ptxas_usage(ptx)
+    return {"kernel": v.name, "regs": regs, "spill_bytes": spills, "smem": compiled.metadata.shared,
+            "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg")}
+
+
+def gluon_launcher(v: Variant, q, k, v_, do, cu, max_len: int):
+    """-> a function launching the variant into (dk, dv), returned; descriptors built once, here."""
+    total, H, D = q.shape
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v_)
+    q_desc, do_desc = (TensorDescriptor.from_tensor(x.view(total, H * D), [v.bm, D], _layout([v.bm, D]))
+                       for x in (q, do))
+    k_desc, v_desc = (TensorDescriptor.from_tensor(x.view(total, H * D), [v.bn, D], _layout([v.bn, D]))
+                      for x in (k, v_))
+    grid = (triton.cdiv(max_len, v.n_wg * v.bn), H, cu.numel() - 1)
+
+    def launch():
+        v.kernel[grid](q_desc, k_desc, v_desc, do_desc, dk, dv, cu, H, 1.0 / math.sqrt(D), NS=v.ns, TANH=v.tanh,
+                       num_warps=NUM_WARPS, **dict(v.extra))
+        return dk, dv
+    return launch
+
+
+def _time_ms(fn, reps: int = 10) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[reps // 2]
+
+
+def run_gpu(shape_name: str) -> None:
+    """The variants beside mini_of3's Triton backward (recomputing, tanh): dK, dV against float64 on head 0 and
+    against Triton's on all heads; ms of each Gluon kernel beside the device ms of Triton's _bwd_dkdv."""
+    from mini_of3.bench.common import device_ms_by_kernel
+    from mini_of3.bench.sigmoid import float64_reference, make_packed, parse_shape
+    from mini_of3.kernels import sigmoid_attention
+    from mini_of3.kernels.sigmoid_attention_host import sigmoid_tiles
+
+    shape = parse_shape(shape_name, 16, (500, 16000))
+    inputs = make_packed(shape, torch.device("cuda"), 0)
+    q, k, v, do, cu = (inputs[n] for n in ("q", "k", "v", "do", "cu"))
+    T = shape.T
+    ref = float64_reference(inputs, shape, 1)                                      # o, dq, dk, dv of head 0
+    leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
+
+    def triton_backward(r=0):
+        with sigmoid_tiles(sigmoid="tanh", scores_budget=0):
+            o = sigmoid_attention(*leaves, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=T, max_seqlen_k=T)
+            return torch.autograd.grad(o, leaves, do)
+    _, tk, tv = triton_backward()
+    by_kernel, _ = device_ms_by_kernel(triton_backward, iters=5)
+    dkdv_ms = sum(ms for name, (ms, _) in by_kernel.items() if "_bwd_dkdv" in name)
+    print(f"{shape_name}: Triton _bwd_dkdv {dkdv_ms:.3f} ms (tanh, profiler); "
+          + ", ".join(f"{name[:24]} {ms:.2f}" for name, (ms, _) in sorted(by_kernel.items(), key=lambda x: -x[1][0])[:4]),
+          flush=True)
+    for variant in VARIANTS:
+        try:
+            fn = gluon_launcher(variant, q, k, v, do, cu, T)
+            dk, dv = fn()
+            torch.cuda.synchronize()
+            err64 = {n: ((g[:, 0].double() - r[:, 0]).norm() / r[:, 0].norm()).item()
+                     for n, g, r in (("dk", dk, ref[2]), ("dv", dv, ref[3]))}
+            err_t = {n: ((g.float() - t.float()).norm() / t.float().norm()).item()
+                     for n, g, t in (("dk", dk, tk), ("dv", dv, tv))}
+            ms = _time_ms(fn)
+            print(f"  {variant.name:34s} {ms:8.3f} ms ({ms / dkdv_ms:.2f}x Triton's)  err vs float64 "
+                  f"dk {err64['dk']:.2e} dv {err64['dv']:.2e}  vs Triton dk {err_t['dk']:.1e} dv {err_t['dv']:.1e}",
+                  flush=True)
+        except Exception as e:  # a probe: report and go on to the next kernel
+            print(f"  {variant.name:34s} FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
+
+
+def main() -> None:
+    print(f"triton {triton.__version__}, torch {torch.__version__}; offline compile for sm_90, D={HEAD_D}")
+    for variant in VARIANTS:
+        try:
+            r = compile_offline(variant)
+            print(f"{r['kernel']:34s} regs {r['regs']}  spill stores {r['spill_bytes']} B  smem {r['smem']} B  "
+                  f"wgmma {r['wgmma']}  setmaxnreg {r['setmaxnreg']}", flush=True)
+        except Exception as e:  # a probe: report and go on to the next kernel
+            print(f"{variant.name:34s} compile FAILED: {type(e).__name__}: {str(e)[:2000]}", flush=True)
+    if torch.cuda.is_available():
+        for shape_name in ("b1t16384d128", "varlen16d128"):
+            run_gpu(shape_name)
+
+
+if __name__ == "__main__":
+    main()
