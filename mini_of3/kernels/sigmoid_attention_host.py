@@ -28,7 +28,8 @@ class Tiles:
     """Launch configuration of the kernels (BLOCK_M: queries, BLOCK_N: keys; dqs: _bwd_dq_scores), the sigmoid's
     evaluation (sigmoid_attention_kernels.py: "exact", "rcp", "tanh"), the bytes of dS^T workspace the
     backward may take to read dq from stored scores (0: it recomputes them) and the forward's registers per thread
-    at most (0: the compiler's choice)."""
+    at most in the padded and packed layouts (0: the compiler's choice; dense calls never cap: under a cap ptxas
+    takes more registers than it chooses alone, at the same occupancy)."""
     fwd_block_m: int
     fwd_block_n: int
     fwd_warps: int
@@ -131,7 +132,7 @@ def forward(q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: int, ca
            *_token_strides(q), *_token_strides(k), *_token_strides(v), *_token_strides(o), sb_s, sb_h,
            _float(bias_value), *_lengths(q, k, layout), scale, **flags,
            BLOCK_M=tiles.fwd_block_m, BLOCK_N=tiles.fwd_block_n, num_warps=tiles.fwd_warps,
-           num_stages=tiles.fwd_stages, maxnreg=tiles.fwd_registers or None)
+           num_stages=tiles.fwd_stages, maxnreg=(tiles.fwd_registers or None) if layout != "dense" else None)
     return o
 
 

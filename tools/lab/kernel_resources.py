@@ -164,7 +164,7 @@ def main() -> None:
                 m, n, warps, stages = tiles[kernel]
                 name = f"{kernel}{' +dS' if extra.get('STORE_DS') else ''} {variant}"
                 jobs.append((name, fn, dict(flags, **extra, BLOCK_M=m, BLOCK_N=n, BLOCK_J=m, BLOCK_K=n), warps,
-                             stages, (t.fwd_registers or None) if kernel == "fwd" else None))
+                             stages, (t.fwd_registers or None) if kernel == "fwd" and args.layout != "dense" else None))
         jobs.append(("dq from dS", SK._bwd_dq_scores, dict(LAYOUT=args.layout, CAUSAL=False, DOT_PREC="tf32",
                                                           HEAD_DIM=d,
                                                           BLOCK_M=t.dqs_block_m, BLOCK_N=t.dqs_block_n,
