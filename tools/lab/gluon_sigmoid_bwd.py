@@ -352,9 +352,9 @@ def run_gpu(shape_name: str) -> None:
     _, tk, tv = triton_backward()
     by_kernel, _ = device_ms_by_kernel(triton_backward, iters=5)
     dkdv_ms = sum(ms for name, (ms, _) in by_kernel.items() if "_bwd_dkdv" in name)
+    slowest = sorted(by_kernel.items(), key=lambda item: -item[1][0])[:4]
     print(f"{shape_name}: Triton _bwd_dkdv {dkdv_ms:.3f} ms (tanh, profiler); "
-          + ", ".join(f"{name[:24]} {ms:.2f}" for name, (ms, _) in sorted(by_kernel.items(), key=lambda x: -x[1][0])[:4]),
-          flush=True)
+          + ", ".join(f"{name[:24]} {ms:.2f}" for name, (ms, _) in slowest), flush=True)
     for variant in VARIANTS:
         try:
             fn = gluon_launcher(variant, q, k, v, do, cu, T)

@@ -170,13 +170,14 @@ def main() -> None:
                                                           BLOCK_M=t.dqs_block_m, BLOCK_N=t.dqs_block_n,
                                                           BLOCK_J=t.dqs_block_m, BLOCK_K=t.dqs_block_n),
                      t.dqs_warps, t.dqs_stages))
-    print(f"{'kernel':14s}{'BJ':>5s}{'BK':>5s}{'warps':>6s}{'stages':>7s}{'regs':>6s}{'CTA:reg':>8s}{':smem':>6s}{'stack':>6s}"
-          f"{'LDL':>5s}{'STL':>5s}{'smem':>8s}  mma  {'MUFU':>5s}{'BRA':>5s}{'instr':>6s}")
+    print(f"{'kernel':14s}{'BJ':>5s}{'BK':>5s}{'warps':>6s}{'stages':>7s}{'regs':>6s}{'CTA:reg':>8s}{':smem':>6s}"
+          f"{'stack':>6s}{'LDL':>5s}{'STL':>5s}{'smem':>8s}  mma  {'MUFU':>5s}{'BRA':>5s}{'instr':>6s}")
     for name, fn, flags, warps, stages, *cap in jobs:   # cap: the launch's maxnreg, where it sets one
         r = resources(compile_kernel(fn, {k: v for k, v in flags.items() if k in fn.arg_names}, warps, stages,
                                      cap[0] if cap and cap[0] else args.maxnreg))
         print(f"{name:14s}{flags['BLOCK_J']:5d}{flags['BLOCK_K']:5d}{warps:6d}{stages:7d}{r['regs']:6d}"
-              f"{r['ctas_per_sm_by_regs']:8d}{r['ctas_per_sm_by_smem']:6d}{r['stack']:6d}{r['local_ld']:5d}{r['local_st']:5d}{r['smem']:8d}  "
+              f"{r['ctas_per_sm_by_regs']:8d}{r['ctas_per_sm_by_smem']:6d}{r['stack']:6d}{r['local_ld']:5d}"
+              f"{r['local_st']:5d}{r['smem']:8d}  "
               f"{r['mma']:5s}{r['mufu']:5d}{r['bra']:5d}{r['instructions']:6d}", flush=True)
 
 
