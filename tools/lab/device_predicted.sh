@@ -24,7 +24,7 @@
 #           168 at D = 128) against none, on one packed sequence of 16384 beside b1t16384 and on the 16-sequence batch
 #   gluonsig  tools/lab/gluon_sigmoid_fwd.py (Gluon sigmoid forwards with TMA, wgmma and warp specialization
 #           beside our Triton forward, dense T = 16384 and the packed batch, D = 128)
-#   gluonbwd  tools/lab/gluon_sigmoid_bwd.py (Gluon dK/dV kernels beside Triton's _bwd_dkdv, same shapes)
+#   gluonbwd  tools/lab/gluon_sigmoid_bwd.py (Gluon dK/dV and dQ kernels beside Triton's, same shapes)
 #   MINI_OF3_COMMIT=<hash> bash tools/lab/device_predicted.sh [STEPS]      (default padded,step,tanh,padstep,gluon)
 # Carry .whl (anchors: cueq, TritonSigmoid) and .device (prepared entries). Writes $OUT/<step>.log and the benches'
 # JSON/PNG; prints each step's table last.
@@ -88,7 +88,7 @@ RI=mini_of3_tanh,mini_of3_tanh+fwd_registers=0,mini_of3,mini_of3+fwd_registers=0
 [[ ,$steps, == *,registers,* ]] && run_step registers16 170 $VD --impls $RI --shapes varlen16d128 \
   --tag registers16_$MINI_OF3_COMMIT
 [[ ,$steps, == *,gluonsig,* ]] && run_step gluonsig 240 python3 tools/lab/gluon_sigmoid_fwd.py
-[[ ,$steps, == *,gluonbwd,* ]] && run_step gluonbwd 200 python3 tools/lab/gluon_sigmoid_bwd.py
+[[ ,$steps, == *,gluonbwd,* ]] && run_step gluonbwd 240 python3 tools/lab/gluon_sigmoid_bwd.py
 for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm varlendiag1 varlendiag8 varlendiag16 registerstest registers1 registers16 gluonsig gluonbwd; do
   [ -f $OUT/$name.log ] && { echo "== $name"; grep -v -i 'warn' $OUT/$name.log | tail -12; }
 done

@@ -1,5 +1,5 @@
-"""Sigmoid-attention dK/dV backward written in Gluon for Hopper (sm_90): a lab probe for issues 41 and 42, not
-shipped code; the backward half of tools/lab/gluon_sigmoid_fwd.py.
+"""Sigmoid-attention backward (dK/dV and dQ) written in Gluon for Hopper (sm_90): a lab probe for issues 41 and 42,
+not shipped code; the backward half of tools/lab/gluon_sigmoid_fwd.py.
 
 Targets Triton 3.6.0 (`triton.experimental.gluon`) and torch 2.11. The backward is three quarters of a sigmoid-
 attention step (H100, B = 1, T = 16384, D = 128, tanh: forward 4.18, forward+backward 15.33 ms) and its dK/dV kernel
@@ -14,10 +14,12 @@ All four products are wgmma; P^T and dS^T enter the second operand-A slot from r
 - `sig_dkdv_pipelined`: one warpgroup (BN keys), the ring refilled in-line.
 - `sig_dkdv_ws2`: two consumer warpgroups (BN keys each, one program 2 BN keys) sharing one Q/dO ring that a
   one-warp producer fills.
+- `sig_dq_pipelined`, `sig_dq_ws2`: dQ the same way per query block (BM queries, Q and dO kept, K and V ringed):
+  S = Q K^T and dP = dO V^T issued together, dQ += dS K (dS from registers); the recomputing path of `_bwd_dq`.
 
     python tools/lab/gluon_sigmoid_bwd.py      # compile for sm_90 (no GPU needed): regs, spills, smem; with a CUDA
-                                               # GPU also: dK, dV against float64 (head 0) and against the Triton
-                                               # backward, and ms beside the Triton _bwd_dkdv kernel (profiler)
+                                               # GPU also: the gradients against float64 (head 0) and against the
+                                               # Triton backward, and ms beside Triton's _bwd_dkdv and _bwd_dq
 """
 from __future__ import annotations
 
@@ -59,6 +61,16 @@ def _sequence(cu_ptr, BN: gl.constexpr, NWG: gl.constexpr = 1, WG: gl.constexpr 
 
 
 @gluon.jit
+def _coefficients(length, scale, TANH: gl.constexpr):
+    """(mul, add): z = s * mul + add is the argument of _sigmoid for the raw score s, bias b = -log(L)."""
+    bias = -gl.log(gl.maximum(length, 1).to(gl.float32))
+    if TANH:
+        return scale * 0.5, bias * 0.5
+    else:
+        return scale * 1.4426950408889634, bias * 1.4426950408889634
+
+
+@gluon.jit
 def _sigmoid(z, TANH: gl.constexpr):
     """tanh: 0.5 + 0.5 tanh.approx(z), z = x / 2; else 1 / (1 + 2^-z), z = x log2(e) (gluon_sigmoid_fwd.py)."""
     if TANH:
@@ -71,17 +83,19 @@ def _sigmoid(z, TANH: gl.constexpr):
 
 
 @gluon.jit
-def _load_qdo(q_desc, do_desc, row, col, bar, q_slot, do_slot, pred):
-    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(q_desc, [row, col], bar, q_slot, pred=pred)
-    tma.async_copy_global_to_shared(do_desc, [row, col], bar, do_slot, pred=pred)
+def _load_ring_pair(a_desc, b_desc, row, col, bar, a_slot, b_slot, pred):
+    """TMA tiles [row, col] of two tensors into one ring slot, completing ``bar`` (when pred)."""
+    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(a_desc, [row, col], bar, a_slot, pred=pred)
+    tma.async_copy_global_to_shared(b_desc, [row, col], bar, b_slot, pred=pred)
 
 
 @gluon.jit
-def _load_kv_block(k_desc, v_desc, row, col, k_smem, v_smem, bar):
-    mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [row, col], bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [row, col], bar, v_smem)
+def _load_pair(a_desc, b_desc, row, col, a_smem, b_smem, bar):
+    """TMA tiles [row, col] of two tensors that a warpgroup keeps for its whole loop, and wait for them."""
+    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(a_desc, [row, col], bar, a_smem)
+    tma.async_copy_global_to_shared(b_desc, [row, col], bar, b_smem)
     mbarrier.wait(bar, 0)
 
 
@@ -122,13 +136,7 @@ def _key_block(k_smem, v_smem, q_ring, do_ring, ready, empty, q_desc, do_desc, d
     empty[slot] for a producer partition; else refill the slot itself."""
     st_layout: gl.constexpr = mma_layout(BM, 4)
     acc_layout: gl.constexpr = mma_layout(D, 4)
-    bias = -gl.log(gl.maximum(length, 1).to(gl.float32))
-    if TANH:
-        mul = scale * 0.5
-        add = bias * 0.5
-    else:
-        mul = scale * 1.4426950408889634
-        add = bias * 1.4426950408889634
+    mul, add = _coefficients(length, scale, TANH)
     dk = gl.zeros([BN, D], gl.float32, acc_layout)
     dv = gl.zeros([BN, D], gl.float32, acc_layout)
     n_tiles = gl.cdiv(length, BM)
@@ -146,27 +154,28 @@ def _key_block(k_smem, v_smem, q_ring, do_ring, ready, empty, q_desc, do_desc, d
             mbarrier.arrive(empty.index(slot))
         else:
             refill = t + NS
-            _load_qdo(q_desc, do_desc, start + refill * BM, h * D, ready.index(slot), q_ring.index(slot),
+            _load_ring_pair(q_desc, do_desc, start + refill * BM, h * D, ready.index(slot), q_ring.index(slot),
                       do_ring.index(slot), refill < n_tiles)
     _store_rows(dk_ptr, dk, start, length, n0, h, H, BN, D, acc_layout)
     _store_rows(dv_ptr, dv, start, length, n0, h, H, BN, D, acc_layout)
 
 
 @gluon.jit
-def _alloc(q_desc, k_desc, NS: gl.constexpr, N_CONSUMERS: gl.constexpr):
-    """Shared memory: the Q and dO rings [NS, BM, D], 'ready' and 'empty' barriers per slot."""
-    q_ring = gl.allocate_shared_memory(q_desc.dtype, [NS] + q_desc.block_type.shape, q_desc.layout)
-    do_ring = gl.allocate_shared_memory(q_desc.dtype, [NS] + q_desc.block_type.shape, q_desc.layout)
+def _alloc(tile_desc, NS: gl.constexpr, N_CONSUMERS: gl.constexpr):
+    """Shared memory: two rings [NS, *tile] (Q and dO, or K and V), 'ready' and 'empty' barriers per slot."""
+    a_ring = gl.allocate_shared_memory(tile_desc.dtype, [NS] + tile_desc.block_type.shape, tile_desc.layout)
+    b_ring = gl.allocate_shared_memory(tile_desc.dtype, [NS] + tile_desc.block_type.shape, tile_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NS):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=N_CONSUMERS)
-    return q_ring, do_ring, ready, empty
+    return a_ring, b_ring, ready, empty
 
 
 @gluon.jit
-def _kv_smem(k_desc):
+def _tile_pair(k_desc):
+    """Two tiles a warpgroup keeps for its whole loop (K and V, or Q and dO), and their barrier."""
     k_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
     bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -180,29 +189,31 @@ def sig_dkdv_pipelined(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, cu_ptr, 
     BM: gl.constexpr = q_desc.block_type.shape[0]
     D: gl.constexpr = q_desc.block_type.shape[1]
     BN: gl.constexpr = k_desc.block_type.shape[0]
-    q_ring, do_ring, ready, empty = _alloc(q_desc, k_desc, NS, 1)
-    k_smem, v_smem, kv_bar = _kv_smem(k_desc)
+    q_ring, do_ring, ready, empty = _alloc(q_desc, NS, 1)
+    k_smem, v_smem, kv_bar = _tile_pair(k_desc)
     start, length, h, n0 = _sequence(cu_ptr, BN)
     if n0 < length:
         n_tiles = gl.cdiv(length, BM)
         for s in gl.static_range(NS):
-            _load_qdo(q_desc, do_desc, start + s * BM, h * D, ready.index(s), q_ring.index(s), do_ring.index(s),
+            _load_ring_pair(q_desc, do_desc, start + s * BM, h * D, ready.index(s), q_ring.index(s), do_ring.index(s),
                       s < n_tiles)
-        _load_kv_block(k_desc, v_desc, start + n0, h * D, k_smem, v_smem, kv_bar)
+        _load_pair(k_desc, v_desc, start + n0, h * D, k_smem, v_smem, kv_bar)
         _key_block(k_smem, v_smem, q_ring, do_ring, ready, empty, q_desc, do_desc, dk_ptr, dv_ptr, start, length, h,
                    n0, H, scale, BN, BM, D, NS, TANH, False)
 
 
 @gluon.jit
-def _producer(q_desc, do_desc, q_ring, do_ring, ready, empty, cu_ptr, BN: gl.constexpr, BM: gl.constexpr,
-              D: gl.constexpr, NS: gl.constexpr):
-    start, length, h, n0 = _sequence(cu_ptr, BN, 2, 0)
-    if n0 < length:
-        for t in range(gl.cdiv(length, BM)):
+def _ring_producer(a_desc, b_desc, a_ring, b_ring, ready, empty, cu_ptr, OWN: gl.constexpr, TILE: gl.constexpr,
+                   D: gl.constexpr, NS: gl.constexpr):
+    """One warp of a two-consumer program (OWN rows each): wait until both consumers have released a slot, then TMA
+    the next TILE rows of the two ringed tensors into it."""
+    start, length, h, first = _sequence(cu_ptr, OWN, 2, 0)
+    if first < length:
+        for t in range(gl.cdiv(length, TILE)):
             slot = t % NS
-            mbarrier.wait(empty.index(slot), ((t // NS) & 1) ^ 1)
-            _load_qdo(q_desc, do_desc, start + t * BM, h * D, ready.index(slot), q_ring.index(slot),
-                      do_ring.index(slot), True)
+            mbarrier.wait(empty.index(slot), ((t // NS) & 1) ^ 1)     # parity 1 on a fresh barrier passes at once
+            _load_ring_pair(a_desc, b_desc, start + t * TILE, h * D, ready.index(slot), a_ring.index(slot),
+                            b_ring.index(slot), True)
 
 
 @gluon.jit
@@ -213,7 +224,7 @@ def _consumer_wg(k_smem, v_smem, kv_bar, q_ring, do_ring, ready, empty, q_desc, 
     shared Q/dO ring; both walk every query tile while the program's first key is in the sequence."""
     start, length, h, n0 = _sequence(cu_ptr, BN, 2, WG)
     if n0 - WG * BN < length:
-        _load_kv_block(k_desc, v_desc, start + n0, h * D, k_smem, v_smem, kv_bar)
+        _load_pair(k_desc, v_desc, start + n0, h * D, k_smem, v_smem, kv_bar)
         _key_block(k_smem, v_smem, q_ring, do_ring, ready, empty, q_desc, do_desc, dk_ptr, dv_ptr, start, length, h,
                    n0, H, scale, BN, BM, D, NS, TANH, True)
 
@@ -225,15 +236,114 @@ def sig_dkdv_ws2(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, cu_ptr, H, sca
     BM: gl.constexpr = q_desc.block_type.shape[0]
     D: gl.constexpr = q_desc.block_type.shape[1]
     BN: gl.constexpr = k_desc.block_type.shape[0]
-    q_ring, do_ring, ready, empty = _alloc(q_desc, k_desc, NS, 2)
-    k0, v0, bar0 = _kv_smem(k_desc)
-    k1, v1, bar1 = _kv_smem(k_desc)
+    q_ring, do_ring, ready, empty = _alloc(q_desc, NS, 2)
+    k0, v0, bar0 = _tile_pair(k_desc)
+    k1, v1, bar1 = _tile_pair(k_desc)
     gl.warp_specialize([
         (_consumer_wg, (k0, v0, bar0, q_ring, do_ring, ready, empty, q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr,
                         cu_ptr, H, scale, BN, BM, D, NS, TANH, 0)),
         (_consumer_wg, (k1, v1, bar1, q_ring, do_ring, ready, empty, q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr,
                         cu_ptr, H, scale, BN, BM, D, NS, TANH, 1)),
-        (_producer, (q_desc, do_desc, q_ring, do_ring, ready, empty, cu_ptr, BN, BM, D, NS)),
+        (_ring_producer, (q_desc, do_desc, q_ring, do_ring, ready, empty, cu_ptr, BN, BM, D, NS)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# ---- dQ: per query block, over the key tiles (K and V through the ring) ---------------------------------------
+
+
+@gluon.jit
+def _key_tile(dq, q_smem, do_smem, k_slot, v_slot, n0, length, mul, add, scale, BM: gl.constexpr, BN: gl.constexpr,
+              s_layout: gl.constexpr, acc_layout: gl.constexpr, TANH: gl.constexpr, MASKED: gl.constexpr):
+    """dq [BM, D] + dS K over one key tile [n0, n0 + BN) (MASKED: keys >= length give nothing)."""
+    s = warpgroup_mma(q_smem, k_slot.permute((1, 0)), gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False,
+                      is_async=True)
+    dp = warpgroup_mma(do_smem, v_slot.permute((1, 0)), gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False,
+                       is_async=True)
+    s, dp = warpgroup_mma_wait(0, deps=(s, dp))
+    p = _sigmoid(s * mul + add, TANH)
+    ds = dp * p * (1.0 - p) * scale
+    if MASKED:
+        cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+        ds = gl.where(cols[None, :] < length, ds, 0.0)
+    op_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    dq = warpgroup_mma(gl.convert_layout(ds.to(gl.bfloat16), op_a), k_slot, dq, is_async=True)
+    return warpgroup_mma_wait(0, deps=(dq, ))
+
+
+@gluon.jit
+def _query_block(q_smem, do_smem, k_ring, v_ring, ready, empty, k_desc, v_desc, dq_ptr, start, length, h, m0, H,
+                 scale, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, NS: gl.constexpr, TANH: gl.constexpr,
+                 SIGNAL_EMPTY: gl.constexpr):
+    """One consumer warpgroup's loop over the key tiles, then its dQ rows."""
+    s_layout: gl.constexpr = mma_layout(BN, 4)
+    acc_layout: gl.constexpr = mma_layout(D, 4)
+    mul, add = _coefficients(length, scale, TANH)
+    dq = gl.zeros([BM, D], gl.float32, acc_layout)
+    n_tiles = gl.cdiv(length, BN)
+    n_full = length // BN
+    for t in range(n_tiles):
+        slot = t % NS
+        mbarrier.wait(ready.index(slot), (t // NS) & 1)
+        if t < n_full:
+            dq = _key_tile(dq, q_smem, do_smem, k_ring.index(slot), v_ring.index(slot), t * BN, length, mul, add,
+                           scale, BM, BN, s_layout, acc_layout, TANH, False)
+        else:
+            dq = _key_tile(dq, q_smem, do_smem, k_ring.index(slot), v_ring.index(slot), t * BN, length, mul, add,
+                           scale, BM, BN, s_layout, acc_layout, TANH, True)
+        if SIGNAL_EMPTY:
+            mbarrier.arrive(empty.index(slot))
+        else:
+            refill = t + NS
+            _load_ring_pair(k_desc, v_desc, start + refill * BN, h * D, ready.index(slot), k_ring.index(slot),
+                     v_ring.index(slot), refill < n_tiles)
+    _store_rows(dq_ptr, dq, start, length, m0, h, H, BM, D, acc_layout)
+
+
+@gluon.jit
+def sig_dq_pipelined(q_desc, k_desc, v_desc, do_desc, dq_ptr, cu_ptr, H, scale, NS: gl.constexpr,
+                     TANH: gl.constexpr, num_warps: gl.constexpr):
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    D: gl.constexpr = q_desc.block_type.shape[1]
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    k_ring, v_ring, ready, empty = _alloc(k_desc, NS, 1)
+    q_smem, do_smem, qdo_bar = _tile_pair(q_desc)
+    start, length, h, m0 = _sequence(cu_ptr, BM)
+    if m0 < length:
+        n_tiles = gl.cdiv(length, BN)
+        for s in gl.static_range(NS):
+            _load_ring_pair(k_desc, v_desc, start + s * BN, h * D, ready.index(s), k_ring.index(s), v_ring.index(s),
+                     s < n_tiles)
+        _load_pair(q_desc, do_desc, start + m0, h * D, q_smem, do_smem, qdo_bar)
+        _query_block(q_smem, do_smem, k_ring, v_ring, ready, empty, k_desc, v_desc, dq_ptr, start, length, h, m0, H,
+                     scale, BM, BN, D, NS, TANH, False)
+
+
+@gluon.jit
+def _dq_consumer_wg(q_smem, do_smem, qdo_bar, k_ring, v_ring, ready, empty, q_desc, k_desc, v_desc, do_desc, dq_ptr,
+                    cu_ptr, H, scale, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, NS: gl.constexpr,
+                    TANH: gl.constexpr, WG: gl.constexpr):
+    start, length, h, m0 = _sequence(cu_ptr, BM, 2, WG)
+    if m0 - WG * BM < length:
+        _load_pair(q_desc, do_desc, start + m0, h * D, q_smem, do_smem, qdo_bar)
+        _query_block(q_smem, do_smem, k_ring, v_ring, ready, empty, k_desc, v_desc, dq_ptr, start, length, h, m0, H,
+                     scale, BM, BN, D, NS, TANH, True)
+
+
+@gluon.jit
+def sig_dq_ws2(q_desc, k_desc, v_desc, do_desc, dq_ptr, cu_ptr, H, scale, NS: gl.constexpr, TANH: gl.constexpr,
+               PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    D: gl.constexpr = q_desc.block_type.shape[1]
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    k_ring, v_ring, ready, empty = _alloc(k_desc, NS, 2)
+    q0, do0, bar0 = _tile_pair(q_desc)
+    q1, do1, bar1 = _tile_pair(q_desc)
+    gl.warp_specialize([
+        (_dq_consumer_wg, (q0, do0, bar0, k_ring, v_ring, ready, empty, q_desc, k_desc, v_desc, do_desc, dq_ptr,
+                           cu_ptr, H, scale, BM, BN, D, NS, TANH, 0)),
+        (_dq_consumer_wg, (q1, do1, bar1, k_ring, v_ring, ready, empty, q_desc, k_desc, v_desc, do_desc, dq_ptr,
+                           cu_ptr, H, scale, BM, BN, D, NS, TANH, 1)),
+        (_ring_producer, (k_desc, v_desc, k_ring, v_ring, ready, empty, cu_ptr, BM, BN, D, NS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -242,7 +352,8 @@ def sig_dkdv_ws2(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, cu_ptr, H, sca
 
 @dataclass(frozen=True)
 class Variant:
-    """One kernel at one tiling: BN keys per consumer warpgroup, BM queries per stage, NS stages."""
+    """One kernel at one tiling: BN keys and BM queries per tile (the dK/dV kernels own BN keys per consumer
+    warpgroup and ring BM-query tiles; the dQ kernels own BM queries and ring BN-key tiles), NS stages."""
     kernel: object
     bn: int
     bm: int
@@ -250,6 +361,10 @@ class Variant:
     tanh: bool = True
     extra: tuple = ()
     n_wg: int = 1
+
+    @property
+    def computes_dq(self) -> bool:
+        return "dq_ptr" in self.kernel.arg_names
 
     @property
     def name(self) -> str:
@@ -262,6 +377,10 @@ VARIANTS = [
     Variant(sig_dkdv_pipelined, 64, 32, 3),
     Variant(sig_dkdv_ws2, 64, 64, 2, True, WS2, 2),
     Variant(sig_dkdv_ws2, 64, 32, 3, True, WS2, 2),
+    Variant(sig_dq_pipelined, 64, 64, 2),
+    Variant(sig_dq_pipelined, 32, 64, 3),
+    Variant(sig_dq_ws2, 64, 64, 2, True, WS2, 2),
+    Variant(sig_dq_ws2, 32, 64, 3, True, WS2, 2),
 ]
 
 
@@ -273,7 +392,7 @@ def _signature(v: Variant) -> tuple[dict, dict]:
     qd = f"tensordesc<bf16[{v.bm}, {HEAD_D}],{_layout([v.bm, HEAD_D])!r}>"
     kd = f"tensordesc<bf16[{v.bn}, {HEAD_D}],{_layout([v.bn, HEAD_D])!r}>"
     types = {"q_desc": qd, "do_desc": qd, "k_desc": kd, "v_desc": kd, "dk_ptr": "*bf16", "dv_ptr": "*bf16",
-             "cu_ptr": "*i32", "H": "i32", "scale": "fp32"}
+             "dq_ptr": "*bf16", "cu_ptr": "*i32", "H": "i32", "scale": "fp32"}
     constexprs = {"NS": v.ns, "TANH": v.tanh, "num_warps": NUM_WARPS, **dict(v.extra)}
     return {name: types.get(name, "constexpr") for name in v.kernel.arg_names}, constexprs
 
@@ -299,19 +418,21 @@ def compile_offline(v: Variant) -> dict:
 
 
 def gluon_launcher(v: Variant, q, k, v_, do, cu, max_len: int):
-    """-> a function launching the variant into (dk, dv), returned; descriptors built once, here."""
+    """-> a function launching the variant into its outputs ((dq,) or (dk, dv)), returned; descriptors built once,
+    here, so a call is one launch."""
     total, H, D = q.shape
-    dk, dv = torch.zeros_like(k), torch.zeros_like(v_)
     q_desc, do_desc = (TensorDescriptor.from_tensor(x.view(total, H * D), [v.bm, D], _layout([v.bm, D]))
                        for x in (q, do))
     k_desc, v_desc = (TensorDescriptor.from_tensor(x.view(total, H * D), [v.bn, D], _layout([v.bn, D]))
                       for x in (k, v_))
-    grid = (triton.cdiv(max_len, v.n_wg * v.bn), H, cu.numel() - 1)
+    outputs = (torch.zeros_like(q),) if v.computes_dq else (torch.zeros_like(k), torch.zeros_like(v_))
+    own = v.bm if v.computes_dq else v.bn
+    grid = (triton.cdiv(max_len, v.n_wg * own), H, cu.numel() - 1)
 
     def launch():
-        v.kernel[grid](q_desc, k_desc, v_desc, do_desc, dk, dv, cu, H, 1.0 / math.sqrt(D), NS=v.ns, TANH=v.tanh,
+        v.kernel[grid](q_desc, k_desc, v_desc, do_desc, *outputs, cu, H, 1.0 / math.sqrt(D), NS=v.ns, TANH=v.tanh,
                        num_warps=NUM_WARPS, **dict(v.extra))
-        return dk, dv
+        return outputs
     return launch
 
 
@@ -331,8 +452,9 @@ def _time_ms(fn, reps: int = 10) -> float:
 
 
 def run_gpu(shape_name: str) -> None:
-    """The variants beside mini_of3's Triton backward (recomputing, tanh): dK, dV against float64 on head 0 and
-    against Triton's on all heads; ms of each Gluon kernel beside the device ms of Triton's _bwd_dkdv."""
+    """The variants beside mini_of3's Triton backward (recomputing dq, tanh): their gradients against float64 on
+    head 0 and against Triton's on all heads; ms of each Gluon kernel beside the device ms of Triton's kernel for
+    the same gradients (_bwd_dkdv, _bwd_dq; torch.profiler)."""
     from mini_of3.bench.common import device_ms_by_kernel
     from mini_of3.bench.sigmoid import float64_reference, make_packed, parse_shape
     from mini_of3.kernels import sigmoid_attention
@@ -342,32 +464,32 @@ def run_gpu(shape_name: str) -> None:
     inputs = make_packed(shape, torch.device("cuda"), 0)
     q, k, v, do, cu = (inputs[n] for n in ("q", "k", "v", "do", "cu"))
     T = shape.T
-    ref = float64_reference(inputs, shape, 1)                                      # o, dq, dk, dv of head 0
+    _, ref_dq, ref_dk, ref_dv = float64_reference(inputs, shape, 1)                    # head 0, float64
     leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
 
     def triton_backward(r=0):
         with sigmoid_tiles(sigmoid="tanh", scores_budget=0):
             o = sigmoid_attention(*leaves, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=T, max_seqlen_k=T)
             return torch.autograd.grad(o, leaves, do)
-    _, tk, tv = triton_backward()
+    tq, tk, tv = triton_backward()
     by_kernel, _ = device_ms_by_kernel(triton_backward, iters=5)
-    dkdv_ms = sum(ms for name, (ms, _) in by_kernel.items() if "_bwd_dkdv" in name)
-    slowest = sorted(by_kernel.items(), key=lambda item: -item[1][0])[:4]
-    print(f"{shape_name}: Triton _bwd_dkdv {dkdv_ms:.3f} ms (tanh, profiler); "
-          + ", ".join(f"{name[:24]} {ms:.2f}" for name, (ms, _) in slowest), flush=True)
+    triton_ms = {kind: sum(ms for name, (ms, _) in by_kernel.items() if name.startswith(kernel))
+                 for kind, kernel in (("dkdv", "_bwd_dkdv"), ("dq", "_bwd_dq"))}
+    print(f"{shape_name}: Triton (tanh, recomputing; profiler) _bwd_dkdv {triton_ms['dkdv']:.3f} ms, _bwd_dq "
+          f"{triton_ms['dq']:.3f} ms", flush=True)
     for variant in VARIANTS:
         try:
             fn = gluon_launcher(variant, q, k, v, do, cu, T)
-            dk, dv = fn()
+            outputs = fn()
             torch.cuda.synchronize()
-            err64 = {n: ((g[:, 0].double() - r[:, 0]).norm() / r[:, 0].norm()).item()
-                     for n, g, r in (("dk", dk, ref[2]), ("dv", dv, ref[3]))}
-            err_t = {n: ((g.float() - t.float()).norm() / t.float().norm()).item()
-                     for n, g, t in (("dk", dk, tk), ("dv", dv, tv))}
+            checks = ((("dq", outputs[0], ref_dq, tq),) if variant.computes_dq else
+                      (("dk", outputs[0], ref_dk, tk), ("dv", outputs[1], ref_dv, tv)))
+            errors = "  ".join(f"{n} {((g[:, 0].double() - r[:, 0]).norm() / r[:, 0].norm()).item():.2e} vs float64, "
+                               f"{((g.float() - t.float()).norm() / t.float().norm()).item():.1e} vs Triton"
+                               for n, g, r, t in checks)
             ms = _time_ms(fn)
-            print(f"  {variant.name:34s} {ms:8.3f} ms ({ms / dkdv_ms:.2f}x Triton's)  err vs float64 "
-                  f"dk {err64['dk']:.2e} dv {err64['dv']:.2e}  vs Triton dk {err_t['dk']:.1e} dv {err_t['dv']:.1e}",
-                  flush=True)
+            base = triton_ms["dq" if variant.computes_dq else "dkdv"]
+            print(f"  {variant.name:34s} {ms:8.3f} ms ({ms / base:.2f}x Triton's)  {errors}", flush=True)
         except Exception as e:  # a probe: report and go on to the next kernel
             print(f"  {variant.name:34s} FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
 
