@@ -24,62 +24,17 @@ All four products are wgmma; P^T and dS^T enter the second operand-A slot from r
 from __future__ import annotations
 
 import math
-import re
-import subprocess
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import triton
-from triton.backends.compiler import GPUTarget
+from gluon_common import TARGET, mma_layout, ptxas_usage, shared_layout
+from gluon_sigmoid_fwd import HEAD_D, NUM_WARPS, coefficients, sequence, sigmoid, time_ms
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-TARGET = GPUTarget("cuda", 90, 32)
-PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-HEAD_D = 128
-NUM_WARPS = 4
-
-
-@gluon.constexpr_function
-def mma_layout(block_n, num_warps):
-    """wgmma accumulator layout for [rows, block_n] fp32 with warps stacked along the rows."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, block_n, 16])
-
-
-@gluon.jit
-def _sequence(cu_ptr, BN: gl.constexpr, NWG: gl.constexpr = 1, WG: gl.constexpr = 0):
-    """-> (first token of the program's sequence, its length L, head h, first key n0 of warpgroup WG)."""
-    seq = gl.program_id(2)
-    start = gl.load(cu_ptr + seq)
-    length = gl.load(cu_ptr + seq + 1) - start
-    return start, length, gl.program_id(1), (gl.program_id(0) * NWG + WG) * BN
-
-
-@gluon.jit
-def _coefficients(length, scale, TANH: gl.constexpr):
-    """(mul, add): z = s * mul + add is the argument of _sigmoid for the raw score s, bias b = -log(L)."""
-    bias = -gl.log(gl.maximum(length, 1).to(gl.float32))
-    if TANH:
-        return scale * 0.5, bias * 0.5
-    else:
-        return scale * 1.4426950408889634, bias * 1.4426950408889634
-
-
-@gluon.jit
-def _sigmoid(z, TANH: gl.constexpr):
-    """tanh: 0.5 + 0.5 tanh.approx(z), z = x / 2; else 1 / (1 + 2^-z), z = x log2(e) (gluon_sigmoid_fwd.py)."""
-    if TANH:
-        t = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [z], dtype=gl.float32, is_pure=True, pack=1)
-        return 0.5 + 0.5 * t
-    else:
-        return gl.inline_asm_elementwise(
-            "{ .reg .f32 e; neg.f32 e, $1; ex2.approx.ftz.f32 e, e; add.f32 e, e, 0f3F800000; "
-            "rcp.approx.ftz.f32 $0, e; }", "=f,f", [z], dtype=gl.float32, is_pure=True, pack=1)
 
 
 @gluon.jit
@@ -110,7 +65,7 @@ def _query_tile(dk, dv, k_smem, v_smem, q_slot, do_slot, m0, length, mul, add, s
     dpt = warpgroup_mma(v_smem, do_slot.permute((1, 0)), gl.zeros([BN, BM], gl.float32, st_layout), use_acc=False,
                         is_async=True)
     st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
-    pt = _sigmoid(st * mul + add, TANH)                                                       # [BN, BM]
+    pt = sigmoid(st * mul + add, TANH)                                                       # [BN, BM]
     if MASKED:
         rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, st_layout))
         pt = gl.where(rows[None, :] < length, pt, 0.0)
@@ -136,7 +91,7 @@ def _key_block(k_smem, v_smem, q_ring, do_ring, ready, empty, q_desc, do_desc, d
     empty[slot] for a producer partition; else refill the slot itself."""
     st_layout: gl.constexpr = mma_layout(BM, 4)
     acc_layout: gl.constexpr = mma_layout(D, 4)
-    mul, add = _coefficients(length, scale, TANH)
+    mul, add = coefficients(length, scale, TANH)
     dk = gl.zeros([BN, D], gl.float32, acc_layout)
     dv = gl.zeros([BN, D], gl.float32, acc_layout)
     n_tiles = gl.cdiv(length, BM)
@@ -191,7 +146,7 @@ def sig_dkdv_pipelined(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, cu_ptr, 
     BN: gl.constexpr = k_desc.block_type.shape[0]
     q_ring, do_ring, ready, empty = _alloc(q_desc, NS, 1)
     k_smem, v_smem, kv_bar = _tile_pair(k_desc)
-    start, length, h, n0 = _sequence(cu_ptr, BN)
+    start, length, h, n0 = sequence(cu_ptr, BN)
     if n0 < length:
         n_tiles = gl.cdiv(length, BM)
         for s in gl.static_range(NS):
@@ -207,7 +162,7 @@ def _ring_producer(a_desc, b_desc, a_ring, b_ring, ready, empty, cu_ptr, OWN: gl
                    D: gl.constexpr, NS: gl.constexpr):
     """One warp of a two-consumer program (OWN rows each): wait until both consumers have released a slot, then TMA
     the next TILE rows of the two ringed tensors into it."""
-    start, length, h, first = _sequence(cu_ptr, OWN, 2, 0)
+    start, length, h, first = sequence(cu_ptr, OWN, 2, 0)
     if first < length:
         for t in range(gl.cdiv(length, TILE)):
             slot = t % NS
@@ -222,7 +177,7 @@ def _consumer_wg(k_smem, v_smem, kv_bar, q_ring, do_ring, ready, empty, q_desc, 
                  TANH: gl.constexpr, WG: gl.constexpr):
     """Consumer warpgroup WG of 2: keys n0 .. n0 + BN of the program's 2 BN, its own K, V and accumulators, the
     shared Q/dO ring; both walk every query tile while the program's first key is in the sequence."""
-    start, length, h, n0 = _sequence(cu_ptr, BN, 2, WG)
+    start, length, h, n0 = sequence(cu_ptr, BN, 2, WG)
     if n0 - WG * BN < length:
         _load_pair(k_desc, v_desc, start + n0, h * D, k_smem, v_smem, kv_bar)
         _key_block(k_smem, v_smem, q_ring, do_ring, ready, empty, q_desc, do_desc, dk_ptr, dv_ptr, start, length, h,
@@ -260,7 +215,7 @@ def _key_tile(dq, q_smem, do_smem, k_slot, v_slot, n0, length, mul, add, scale, 
     dp = warpgroup_mma(do_smem, v_slot.permute((1, 0)), gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False,
                        is_async=True)
     s, dp = warpgroup_mma_wait(0, deps=(s, dp))
-    p = _sigmoid(s * mul + add, TANH)
+    p = sigmoid(s * mul + add, TANH)
     ds = dp * p * (1.0 - p) * scale
     if MASKED:
         cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
@@ -277,7 +232,7 @@ def _query_block(q_smem, do_smem, k_ring, v_ring, ready, empty, k_desc, v_desc, 
     """One consumer warpgroup's loop over the key tiles, then its dQ rows."""
     s_layout: gl.constexpr = mma_layout(BN, 4)
     acc_layout: gl.constexpr = mma_layout(D, 4)
-    mul, add = _coefficients(length, scale, TANH)
+    mul, add = coefficients(length, scale, TANH)
     dq = gl.zeros([BM, D], gl.float32, acc_layout)
     n_tiles = gl.cdiv(length, BN)
     n_full = length // BN
@@ -307,7 +262,7 @@ def sig_dq_pipelined(q_desc, k_desc, v_desc, do_desc, dq_ptr, cu_ptr, H, scale, 
     BN: gl.constexpr = k_desc.block_type.shape[0]
     k_ring, v_ring, ready, empty = _alloc(k_desc, NS, 1)
     q_smem, do_smem, qdo_bar = _tile_pair(q_desc)
-    start, length, h, m0 = _sequence(cu_ptr, BM)
+    start, length, h, m0 = sequence(cu_ptr, BM)
     if m0 < length:
         n_tiles = gl.cdiv(length, BN)
         for s in gl.static_range(NS):
@@ -322,7 +277,7 @@ def sig_dq_pipelined(q_desc, k_desc, v_desc, do_desc, dq_ptr, cu_ptr, H, scale, 
 def _dq_consumer_wg(q_smem, do_smem, qdo_bar, k_ring, v_ring, ready, empty, q_desc, k_desc, v_desc, do_desc, dq_ptr,
                     cu_ptr, H, scale, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, NS: gl.constexpr,
                     TANH: gl.constexpr, WG: gl.constexpr):
-    start, length, h, m0 = _sequence(cu_ptr, BM, 2, WG)
+    start, length, h, m0 = sequence(cu_ptr, BM, 2, WG)
     if m0 - WG * BM < length:
         _load_pair(q_desc, do_desc, start + m0, h * D, q_smem, do_smem, qdo_bar)
         _query_block(q_smem, do_smem, k_ring, v_ring, ready, empty, k_desc, v_desc, dq_ptr, start, length, h, m0, H,
@@ -384,27 +339,13 @@ VARIANTS = [
 ]
 
 
-def _layout(shape: list[int]):
-    return gl.NVMMASharedLayout.get_default_for(shape, gl.bfloat16)
-
-
 def _signature(v: Variant) -> tuple[dict, dict]:
-    qd = f"tensordesc<bf16[{v.bm}, {HEAD_D}],{_layout([v.bm, HEAD_D])!r}>"
-    kd = f"tensordesc<bf16[{v.bn}, {HEAD_D}],{_layout([v.bn, HEAD_D])!r}>"
+    qd = f"tensordesc<bf16[{v.bm}, {HEAD_D}],{shared_layout([v.bm, HEAD_D])!r}>"
+    kd = f"tensordesc<bf16[{v.bn}, {HEAD_D}],{shared_layout([v.bn, HEAD_D])!r}>"
     types = {"q_desc": qd, "do_desc": qd, "k_desc": kd, "v_desc": kd, "dk_ptr": "*bf16", "dv_ptr": "*bf16",
              "dq_ptr": "*bf16", "cu_ptr": "*i32", "H": "i32", "scale": "fp32"}
     constexprs = {"NS": v.ns, "TANH": v.tanh, "num_warps": NUM_WARPS, **dict(v.extra)}
     return {name: types.get(name, "constexpr") for name in v.kernel.arg_names}, constexprs
-
-
-def _ptxas_usage(ptx: str) -> tuple[int, int]:
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "k.ptx"
-        src.write_text(ptx)
-        log = subprocess.run([PTXAS, "-v", "--gpu-name=sm_90a", str(src), "-o", str(Path(tmp) / "k.cubin")],
-                             capture_output=True, text=True, check=True).stderr
-    return int(re.search(r"Used (\d+) registers", log).group(1)), int(re.search(r"(\d+) bytes spill stores",
-                                                                               log).group(1))
 
 
 def compile_offline(v: Variant) -> dict:
@@ -412,7 +353,7 @@ def compile_offline(v: Variant) -> dict:
     compiled = triton.compile(GluonASTSource(v.kernel, sig, constexprs), target=TARGET,
                               options={"num_warps": NUM_WARPS})
     ptx = compiled.asm["ptx"]
-    regs, spills = _ptxas_usage(ptx)
+    regs, spills = ptxas_usage(ptx)
     return {"kernel": v.name, "regs": regs, "spill_bytes": spills, "smem": compiled.metadata.shared,
             "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg")}
 
@@ -421,9 +362,9 @@ def gluon_launcher(v: Variant, q, k, v_, do, cu, max_len: int):
     """-> a function launching the variant into its outputs ((dq,) or (dk, dv)), returned; descriptors built once,
     here, so a call is one launch."""
     total, H, D = q.shape
-    q_desc, do_desc = (TensorDescriptor.from_tensor(x.view(total, H * D), [v.bm, D], _layout([v.bm, D]))
+    q_desc, do_desc = (TensorDescriptor.from_tensor(x.view(total, H * D), [v.bm, D], shared_layout([v.bm, D]))
                        for x in (q, do))
-    k_desc, v_desc = (TensorDescriptor.from_tensor(x.view(total, H * D), [v.bn, D], _layout([v.bn, D]))
+    k_desc, v_desc = (TensorDescriptor.from_tensor(x.view(total, H * D), [v.bn, D], shared_layout([v.bn, D]))
                       for x in (k, v_))
     outputs = (torch.zeros_like(q),) if v.computes_dq else (torch.zeros_like(k), torch.zeros_like(v_))
     own = v.bm if v.computes_dq else v.bn
@@ -434,21 +375,6 @@ def gluon_launcher(v: Variant, q, k, v_, do, cu, max_len: int):
                        num_warps=NUM_WARPS, **dict(v.extra))
         return outputs
     return launch
-
-
-def _time_ms(fn, reps: int = 10) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[reps // 2]
 
 
 def run_gpu(shape_name: str) -> None:
@@ -487,7 +413,7 @@ def run_gpu(shape_name: str) -> None:
             errors = "  ".join(f"{n} {((g[:, 0].double() - r[:, 0]).norm() / r[:, 0].norm()).item():.2e} vs float64, "
                                f"{((g.float() - t.float()).norm() / t.float().norm()).item():.1e} vs Triton"
                                for n, g, r, t in checks)
-            ms = _time_ms(fn)
+            ms = time_ms(fn)
             base = triton_ms["dq" if variant.computes_dq else "dkdv"]
             print(f"  {variant.name:34s} {ms:8.3f} ms ({ms / base:.2f}x Triton's)  {errors}", flush=True)
         except Exception as e:  # a probe: report and go on to the next kernel

@@ -34,38 +34,26 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import triton
-from triton.backends.compiler import GPUTarget
+from gluon_common import TARGET, mma_layout, ptxas_usage, shared_layout
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-LOG2E = 1.4426950408889634
-TARGET = GPUTarget("cuda", 90, 32)
-PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 HEAD_D = 128
 NUM_WARPS = 4                                 # the default partition: one consumer warpgroup
-
-
-@gluon.constexpr_function
-def mma_layout(block_n, num_warps):
-    """wgmma accumulator layout for [BM, block_n] fp32 with warps stacked along M."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, block_n, 16])
 
 
 # ---- pieces shared by the kernels -----------------------------------------------------------------------------
 
 
 @gluon.jit
-def _sequence(cu_ptr, BM: gl.constexpr, NWG: gl.constexpr = 1, WG: gl.constexpr = 0):
+def sequence(cu_ptr, BM: gl.constexpr, NWG: gl.constexpr = 1, WG: gl.constexpr = 0):
     """-> (first token of the program's sequence, its length L, head h, first query m0 of warpgroup WG)."""
     seq = gl.program_id(2)
     start = gl.load(cu_ptr + seq)
@@ -75,7 +63,7 @@ def _sequence(cu_ptr, BM: gl.constexpr, NWG: gl.constexpr = 1, WG: gl.constexpr 
 
 
 @gluon.jit
-def _coefficients(length, scale, TANH: gl.constexpr):
+def coefficients(length, scale, TANH: gl.constexpr):
     """(mul, add): z = s * mul + add is the argument of _sigmoid for the raw score s, bias b = -log(L)."""
     bias = -gl.log(gl.maximum(length, 1).to(gl.float32))
     if TANH:
@@ -85,7 +73,7 @@ def _coefficients(length, scale, TANH: gl.constexpr):
 
 
 @gluon.jit
-def _sigmoid(z, TANH: gl.constexpr):
+def sigmoid(z, TANH: gl.constexpr):
     """tanh: 0.5 + 0.5 tanh.approx(z) with z = x / 2 (TritonSigmoid's); else 1 / (1 + 2^-z) with z = x log2(e)."""
     if TANH:
         t = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [z], dtype=gl.float32, is_pure=True, pack=1)
@@ -117,7 +105,7 @@ def _tile(acc, q_smem, k_slot, v_slot, n0, length, mul, add, BM: gl.constexpr, B
     s = gl.zeros([BM, BN], gl.float32, s_layout)
     s = warpgroup_mma(q_smem, k_slot.permute((1, 0)), s, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s, ))
-    p = _sigmoid(s * mul + add, TANH)
+    p = sigmoid(s * mul + add, TANH)
     if MASKED:
         cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
         p = gl.where(cols[None, :] < length, p, 0.0)
@@ -158,7 +146,7 @@ def _consume(q_smem, k_ring, v_ring, ready, empty, k_desc, v_desc, o_ptr, start,
     for a producer partition; else refill the slot itself."""
     s_layout: gl.constexpr = mma_layout(BN, num_warps)
     o_layout: gl.constexpr = mma_layout(D, num_warps)
-    mul, add = _coefficients(length, scale, TANH)
+    mul, add = coefficients(length, scale, TANH)
     acc = gl.zeros([BM, D], gl.float32, o_layout)
     n_tiles = gl.cdiv(length, BN)
     n_full = length // BN
@@ -200,7 +188,7 @@ def _consume_overlap(q_smem, k_ring, v_ring, ready, empty, k_desc, v_desc, o_ptr
     before the sigmoids of tile t are evaluated, so the two run at once. Every tile but the last runs unmasked."""
     s_layout: gl.constexpr = mma_layout(BN, num_warps)
     o_layout: gl.constexpr = mma_layout(D, num_warps)
-    mul, add = _coefficients(length, scale, TANH)
+    mul, add = coefficients(length, scale, TANH)
     acc = gl.zeros([BM, D], gl.float32, o_layout)
     n_tiles = gl.cdiv(length, BN)
     mbarrier.wait(ready.index(0), 0)
@@ -213,14 +201,14 @@ def _consume_overlap(q_smem, k_ring, v_ring, ready, empty, k_desc, v_desc, o_ptr
         mbarrier.wait(ready.index(nxt), ((t + 1) // NS) & 1)
         s_next = warpgroup_mma(q_smem, k_ring.index(nxt).permute((1, 0)), gl.zeros([BM, BN], gl.float32, s_layout),
                                use_acc=False, is_async=True)
-        p = _sigmoid(s * mul + add, TANH)
+        p = sigmoid(s * mul + add, TANH)
         p_op = gl.convert_layout(p.to(gl.bfloat16), gl.DotOperandLayout(operand_index=0, parent=o_layout,
                                                                          k_width=2))
         acc = warpgroup_mma(p_op, v_ring.index(slot), acc, is_async=True)
         s, acc = warpgroup_mma_wait(0, deps=(s_next, acc))
         _release(slot, t, n_tiles, k_desc, v_desc, k_ring, v_ring, ready, empty, start, h, D, NS, BN, SIGNAL_EMPTY)
     last = n_tiles - 1
-    p = _sigmoid(s * mul + add, TANH)
+    p = sigmoid(s * mul + add, TANH)
     cols = last * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
     p = gl.where(cols[None, :] < length, p, 0.0)
     p_op = gl.convert_layout(p.to(gl.bfloat16), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
@@ -241,7 +229,7 @@ def _consume_pingpong(q_smem, k_ring, v_ring, ready, empty, turn, o_ptr, start, 
     fresh barrier for parity 1 passes at once."""
     s_layout: gl.constexpr = mma_layout(BN, 4)
     o_layout: gl.constexpr = mma_layout(D, 4)
-    mul, add = _coefficients(length, scale, TANH)
+    mul, add = coefficients(length, scale, TANH)
     acc = gl.zeros([BM, D], gl.float32, o_layout)
     n_tiles = gl.cdiv(length, BN)
     n_full = length // BN
@@ -253,7 +241,7 @@ def _consume_pingpong(q_smem, k_ring, v_ring, ready, empty, turn, o_ptr, start, 
                           use_acc=False, is_async=True)
         mbarrier.arrive(turn.index(1 - WG))
         s = warpgroup_mma_wait(0, deps=(s, ))
-        p = _sigmoid(s * mul + add, TANH)
+        p = sigmoid(s * mul + add, TANH)
         if t >= n_full:
             cols = t * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
             p = gl.where(cols[None, :] < length, p, 0.0)
@@ -275,7 +263,7 @@ def sig_fwd_pipelined(q_desc, k_desc, v_desc, o_ptr, cu_ptr, H, scale, NS: gl.co
     D: gl.constexpr = q_desc.block_type.shape[1]
     BN: gl.constexpr = k_desc.block_type.shape[0]
     q_smem, k_ring, v_ring, q_bar, ready, empty = _alloc(q_desc, k_desc, NS)
-    start, length, h, m0 = _sequence(cu_ptr, BM)
+    start, length, h, m0 = sequence(cu_ptr, BM)
     if m0 < length:
         n_tiles = gl.cdiv(length, BN)
         for s in gl.static_range(NS):
@@ -297,7 +285,7 @@ def sig_fwd_pipelined(q_desc, k_desc, v_desc, o_ptr, cu_ptr, H, scale, NS: gl.co
 def _producer(k_desc, v_desc, k_ring, v_ring, ready, empty, cu_ptr, BM: gl.constexpr, BN: gl.constexpr,
               D: gl.constexpr, NS: gl.constexpr):
     """One warp: wait until both consumers have released a slot, then TMA the next K/V tile into it."""
-    start, length, h, m0 = _sequence(cu_ptr, BM, 2, 0)
+    start, length, h, m0 = sequence(cu_ptr, BM, 2, 0)
     if m0 < length:
         for t in range(gl.cdiv(length, BN)):
             slot = t % NS
@@ -312,7 +300,7 @@ def _consumer_wg(q_smem, q_bar, k_ring, v_ring, ready, empty, q_desc, k_desc, v_
                  OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, turn, WG: gl.constexpr):
     """Consumer warpgroup WG of 2: its own Q tile (queries m0 .. m0 + BM) and accumulator, the shared ring. Both
     walk every key tile while the program's first query is in the sequence (the producer fills the ring for both)."""
-    start, length, h, m0 = _sequence(cu_ptr, BM, 2, WG)
+    start, length, h, m0 = sequence(cu_ptr, BM, 2, WG)
     first = m0 - WG * BM
     if first < length:
         _load_q(q_desc, start + m0, h * D, q_smem, q_bar)
@@ -389,32 +377,16 @@ VARIANTS = [                                 # shared memory: 64 x 64 x 2 stages
 ]
 
 
-def _layout(shape: list[int]):
-    return gl.NVMMASharedLayout.get_default_for(shape, gl.bfloat16)
-
-
 def _signature(v: Variant) -> tuple[dict, dict]:
     types = {
-        "q_desc": f"tensordesc<bf16[{v.bm}, {HEAD_D}],{_layout([v.bm, HEAD_D])!r}>",
-        "k_desc": f"tensordesc<bf16[{v.bn}, {HEAD_D}],{_layout([v.bn, HEAD_D])!r}>",
-        "v_desc": f"tensordesc<bf16[{v.bn}, {HEAD_D}],{_layout([v.bn, HEAD_D])!r}>",
+        "q_desc": f"tensordesc<bf16[{v.bm}, {HEAD_D}],{shared_layout([v.bm, HEAD_D])!r}>",
+        "k_desc": f"tensordesc<bf16[{v.bn}, {HEAD_D}],{shared_layout([v.bn, HEAD_D])!r}>",
+        "v_desc": f"tensordesc<bf16[{v.bn}, {HEAD_D}],{shared_layout([v.bn, HEAD_D])!r}>",
         "o_ptr": "*bf16", "cu_ptr": "*i32", "H": "i32", "scale": "fp32",
     }
     constexprs = {"NS": v.ns, "TANH": v.tanh, "OVERLAP": v.overlap, "num_warps": NUM_WARPS, **dict(v.extra)}
     sig = {name: types.get(name, "constexpr") for name in v.kernel.arg_names}
     return sig, constexprs
-
-
-def _ptxas_usage(ptx: str) -> tuple[int, int]:
-    """-> (registers per thread, spill store bytes) from the wheel's ptxas -v on the kernel's PTX."""
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "k.ptx"
-        src.write_text(ptx)
-        log = subprocess.run([PTXAS, "-v", "--gpu-name=sm_90a", str(src), "-o", str(Path(tmp) / "k.cubin")],
-                             capture_output=True, text=True, check=True).stderr
-    regs = int(re.search(r"Used (\d+) registers", log).group(1))
-    spills = int(re.search(r"(\d+) bytes spill stores", log).group(1))
-    return regs, spills
 
 
 def compile_offline(v: Variant) -> dict:
@@ -423,7 +395,7 @@ def compile_offline(v: Variant) -> dict:
     compiled = triton.compile(GluonASTSource(v.kernel, sig, constexprs), target=TARGET,
                               options={"num_warps": NUM_WARPS})
     ptx = compiled.asm["ptx"]
-    regs, spills = _ptxas_usage(ptx)
+    regs, spills = ptxas_usage(ptx)
     return {"kernel": v.name, "regs": regs, "spill_bytes": spills, "smem": compiled.metadata.shared,
             "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg"),
             "tma": ptx.count("cp.async.bulk.tensor"), "mufu": len(re.findall(r"(tanh|ex2|rcp)\.approx", ptx))}
@@ -434,8 +406,8 @@ def gluon_launcher(v: Variant, q, k, v_, cu, max_len: int):
     (returned); the TMA descriptors are built once, here, so a call is one launch."""
     total, H, D = q.shape
     o = torch.zeros_like(q)
-    q_desc = TensorDescriptor.from_tensor(q.view(total, H * D), [v.bm, D], _layout([v.bm, D]))
-    k_desc, v_desc = (TensorDescriptor.from_tensor(x.view(total, H * D), [v.bn, D], _layout([v.bn, D]))
+    q_desc = TensorDescriptor.from_tensor(q.view(total, H * D), [v.bm, D], shared_layout([v.bm, D]))
+    k_desc, v_desc = (TensorDescriptor.from_tensor(x.view(total, H * D), [v.bn, D], shared_layout([v.bn, D]))
                       for x in (k, v_))
     grid = (triton.cdiv(max_len, v.n_wg * v.bm), H, cu.numel() - 1)
 
@@ -446,7 +418,7 @@ def gluon_launcher(v: Variant, q, k, v_, cu, max_len: int):
     return launch
 
 
-def _time_ms(fn, reps: int = 10) -> float:
+def time_ms(fn, reps: int = 10) -> float:
     """Device ms per call: median of ``reps`` calls, each between CUDA events, after 3 warm-up calls."""
     for _ in range(3):
         fn()
@@ -502,7 +474,7 @@ def run_gpu(shape_name: str, variants: list[Variant]) -> None:
     live = [(name, fn) for name, fn, _ in rows if name in errors]
     for _ in range(3):                                   # interleaved rounds: the card's drift falls on all alike
         for name, fn in live:
-            times[name].append(_time_ms(fn))
+            times[name].append(time_ms(fn))
     print(f"{shape_name}: B={shape.B} T<={T} H=16 D={shape.D}, {shape.flops_fwd() / 1e12:.2f} TFLOP forward")
     for name, _ in live:
         ms = sorted(times[name])[1]

@@ -29,15 +29,11 @@ output go through masked pointer loads/stores. No key mask yet.
 from __future__ import annotations
 
 import math
-import re
-import subprocess
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import triton
-from triton.backends.compiler import GPUTarget
+from gluon_common import TARGET, mma_layout, ptxas_usage, shared_layout
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
@@ -45,16 +41,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E = 1.4426950408889634
-TARGET = GPUTarget("cuda", 90, 32)
-PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 HEAD_D = 32
 NUM_WARPS = 4  # one consumer warpgroup
-
-
-@gluon.constexpr_function
-def mma_layout(block_n, num_warps):
-    """wgmma accumulator layout for [BLOCK_M, block_n] fp32 with warps stacked along M."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, block_n, 16])
 
 
 # ---- pieces shared by the kernels -----------------------------------------------------------------------------
@@ -349,33 +337,17 @@ VARIANTS = [                                 # the last may hang on the GPU: see
 ]
 
 
-def _layout(shape: list[int], dtype=gl.bfloat16):
-    return gl.NVMMASharedLayout.get_default_for(shape, dtype)
-
-
 def _signature(v: Variant) -> tuple[dict, dict]:
     types = {
-        "q_desc": f"tensordesc<bf16[{v.bm}, {HEAD_D}],{_layout([v.bm, HEAD_D])!r}>",
-        "k_desc": f"tensordesc<bf16[{v.bn}, {HEAD_D}],{_layout([v.bn, HEAD_D])!r}>",
-        "v_desc": f"tensordesc<bf16[{v.bn}, {HEAD_D}],{_layout([v.bn, HEAD_D])!r}>",
-        "b_desc": f"tensordesc<fp32[{v.bm}, {v.bn}],{_layout([v.bm, v.bn], gl.float32)!r}>",
+        "q_desc": f"tensordesc<bf16[{v.bm}, {HEAD_D}],{shared_layout([v.bm, HEAD_D])!r}>",
+        "k_desc": f"tensordesc<bf16[{v.bn}, {HEAD_D}],{shared_layout([v.bn, HEAD_D])!r}>",
+        "v_desc": f"tensordesc<bf16[{v.bn}, {HEAD_D}],{shared_layout([v.bn, HEAD_D])!r}>",
+        "b_desc": f"tensordesc<fp32[{v.bm}, {v.bn}],{shared_layout([v.bm, v.bn], gl.float32)!r}>",
         "bias_ptr": "*fp32", "o_ptr": "*bf16", "J": "i32", "I": "i32", "H": "i32", "qk_scale": "fp32",
     }
     constexprs = {"NS": v.ns, "num_warps": NUM_WARPS, **dict(v.extra)}
     sig = {name: types.get(name, "constexpr") for name in v.kernel.arg_names}
     return sig, constexprs
-
-
-def _ptxas_usage(ptx: str) -> tuple[int, int]:
-    """-> (registers per thread, spill store bytes) from the wheel's ptxas -v on the kernel's PTX."""
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "k.ptx"
-        src.write_text(ptx)
-        log = subprocess.run([PTXAS, "-v", "--gpu-name=sm_90a", str(src), "-o", str(Path(tmp) / "k.cubin")],
-                             capture_output=True, text=True, check=True).stderr
-    regs = int(re.search(r"Used (\d+) registers", log).group(1))
-    spills = int(re.search(r"(\d+) bytes spill stores", log).group(1))
-    return regs, spills
 
 
 def compile_offline(v: Variant) -> dict:
@@ -384,7 +356,7 @@ def compile_offline(v: Variant) -> dict:
     compiled = triton.compile(GluonASTSource(v.kernel, sig, constexprs), target=TARGET,
                               options={"num_warps": NUM_WARPS})
     ptx = compiled.asm["ptx"]
-    regs, spills = _ptxas_usage(ptx)
+    regs, spills = ptxas_usage(ptx)
     return {"kernel": v.name, "regs": regs, "spill_bytes": spills, "smem": compiled.metadata.shared,
             "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg"),
             "tma": ptx.count("cp.async.bulk.tensor")}
@@ -395,11 +367,11 @@ def gluon_launcher(v: Variant, q, k, v_, bias, I: int, H: int):
     [B*I*H, J, D] (returned); the TMA descriptors are built once, here, so a call is one launch."""
     bih, J, D = q.shape
     o = torch.empty_like(q)
-    q_desc = TensorDescriptor.from_tensor(q.reshape(-1, D), [v.bm, D], _layout([v.bm, D]))
-    k_desc, v_desc = (TensorDescriptor.from_tensor(x.reshape(-1, D), [v.bn, D], _layout([v.bn, D])) for x in (k, v_))
+    q_desc = TensorDescriptor.from_tensor(q.reshape(-1, D), [v.bm, D], shared_layout([v.bm, D]))
+    k_desc, v_desc = (TensorDescriptor.from_tensor(x.reshape(-1, D), [v.bn, D], shared_layout([v.bn, D])) for x in (k, v_))
     first = (q_desc, k_desc, v_desc)
     if v.bias_by_tma:
-        first += (TensorDescriptor.from_tensor(bias.reshape(-1, J), [v.bm, v.bn], _layout([v.bm, v.bn], gl.float32)),)
+        first += (TensorDescriptor.from_tensor(bias.reshape(-1, J), [v.bm, v.bn], shared_layout([v.bm, v.bn], gl.float32)),)
     else:
         first += (bias,)
     grid = (triton.cdiv(J, v.n_wg * v.bm), bih)
