@@ -368,10 +368,12 @@ def gluon_launcher(v: Variant, q, k, v_, bias, I: int, H: int):
     bih, J, D = q.shape
     o = torch.empty_like(q)
     q_desc = TensorDescriptor.from_tensor(q.reshape(-1, D), [v.bm, D], shared_layout([v.bm, D]))
-    k_desc, v_desc = (TensorDescriptor.from_tensor(x.reshape(-1, D), [v.bn, D], shared_layout([v.bn, D])) for x in (k, v_))
+    k_desc, v_desc = (TensorDescriptor.from_tensor(x.reshape(-1, D), [v.bn, D], shared_layout([v.bn, D]))
+                      for x in (k, v_))
     first = (q_desc, k_desc, v_desc)
     if v.bias_by_tma:
-        first += (TensorDescriptor.from_tensor(bias.reshape(-1, J), [v.bm, v.bn], shared_layout([v.bm, v.bn], gl.float32)),)
+        b_layout = shared_layout([v.bm, v.bn], gl.float32)
+        first += (TensorDescriptor.from_tensor(bias.reshape(-1, J), [v.bm, v.bn], b_layout),)
     else:
         first += (bias,)
     grid = (triton.cdiv(J, v.n_wg * v.bm), bih)
