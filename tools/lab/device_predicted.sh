@@ -81,11 +81,11 @@ VD="python3 -m mini_of3.bench sigmoid --err-heads 0 --reps 10 --impls mini_of3_t
   --varlen-range 8000,8000 --tag varlen8_$MINI_OF3_COMMIT
 [[ ,$steps, == *,varlendiag,* ]] && run_step varlendiag16 150 $VD --shapes varlen16d128 --tag varlen16_$MINI_OF3_COMMIT
 RI=mini_of3_tanh,mini_of3_tanh+fwd_registers=0,mini_of3,mini_of3+fwd_registers=0,triton_sigmoid
-[[ ,$steps, == *,registers,* ]] && run_step registerstest 120 python3 -m pytest -q -x \
-  tests/kernels/test_sigmoid_attention_gpu.py -k "varlen or bitwise or stored_scores"
+[[ ,$steps, == *,registers,* ]] && run_step registerstest 150 python3 -m pytest -q -x \
+  tests/kernels/test_sigmoid_attention_gpu.py -k "varlen or padded or bitwise or stored_scores"
 [[ ,$steps, == *,registers,* ]] && run_step registers1 130 $VD --impls $RI --shapes b1t16384d128,varlen1d128 \
   --varlen-range 16384,16384 --tag registers1_$MINI_OF3_COMMIT
-[[ ,$steps, == *,registers,* ]] && run_step registers16 170 $VD --impls $RI --shapes varlen16d128 \
+[[ ,$steps, == *,registers,* ]] && run_step registers16 150 $VD --impls $RI --shapes varlen16d128 \
   --tag registers16_$MINI_OF3_COMMIT
 [[ ,$steps, == *,gluonsig,* ]] && run_step gluonsig 240 python3 tools/lab/gluon_sigmoid_fwd.py
 [[ ,$steps, == *,gluonbwd,* ]] && run_step gluonbwd 240 python3 tools/lab/gluon_sigmoid_bwd.py
