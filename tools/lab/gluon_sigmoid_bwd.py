@@ -28,21 +28,12 @@ from dataclasses import dataclass
 
 import torch
 import triton
-from gluon_common import TARGET, mma_layout, ptxas_usage, shared_layout
-from gluon_sigmoid_fwd import HEAD_D, NUM_WARPS, coefficients, sequence, sigmoid, time_ms
+from gluon_common import alloc_rings, compile_sm90, load_ring_pair, mma_layout, shared_layout
+from gluon_sigmoid_fwd import HEAD_D, NUM_WARPS, coefficients, ring_producer, sequence, sigmoid, store_rows
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-
-@gluon.jit
-def _load_ring_pair(a_desc, b_desc, row, col, bar, a_slot, b_slot, pred):
-    """TMA tiles [row, col] of two tensors into one ring slot, completing ``bar`` (when pred)."""
-    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(a_desc, [row, col], bar, a_slot, pred=pred)
-    tma.async_copy_global_to_shared(b_desc, [row, col], bar, b_slot, pred=pred)
 
 
 @gluon.jit
@@ -76,14 +67,6 @@ def _query_tile(dk, dv, k_smem, v_smem, q_slot, do_slot, m0, length, mul, add, s
 
 
 @gluon.jit
-def _store_rows(ptr, value, start, length, n0, h, H, BN: gl.constexpr, D: gl.constexpr, layout: gl.constexpr):
-    rows = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, layout))
-    cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
-    ptrs = ptr + ((start + rows[:, None]).to(gl.int64) * H + h) * D + cols[None, :]
-    gl.store(ptrs, value.to(gl.bfloat16), mask=rows[:, None] < length)
-
-
-@gluon.jit
 def _key_block(k_smem, v_smem, q_ring, do_ring, ready, empty, q_desc, do_desc, dk_ptr, dv_ptr, start, length, h, n0,
                H, scale, BN: gl.constexpr, BM: gl.constexpr, D: gl.constexpr, NS: gl.constexpr, TANH: gl.constexpr,
                SIGNAL_EMPTY: gl.constexpr):
@@ -109,23 +92,10 @@ def _key_block(k_smem, v_smem, q_ring, do_ring, ready, empty, q_desc, do_desc, d
             mbarrier.arrive(empty.index(slot))
         else:
             refill = t + NS
-            _load_ring_pair(q_desc, do_desc, start + refill * BM, h * D, ready.index(slot), q_ring.index(slot),
+            load_ring_pair(q_desc, do_desc, start + refill * BM, h * D, ready.index(slot), q_ring.index(slot),
                       do_ring.index(slot), refill < n_tiles)
-    _store_rows(dk_ptr, dk, start, length, n0, h, H, BN, D, acc_layout)
-    _store_rows(dv_ptr, dv, start, length, n0, h, H, BN, D, acc_layout)
-
-
-@gluon.jit
-def _alloc(tile_desc, NS: gl.constexpr, N_CONSUMERS: gl.constexpr):
-    """Shared memory: two rings [NS, *tile] (Q and dO, or K and V), 'ready' and 'empty' barriers per slot."""
-    a_ring = gl.allocate_shared_memory(tile_desc.dtype, [NS] + tile_desc.block_type.shape, tile_desc.layout)
-    b_ring = gl.allocate_shared_memory(tile_desc.dtype, [NS] + tile_desc.block_type.shape, tile_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(NS):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=N_CONSUMERS)
-    return a_ring, b_ring, ready, empty
+    store_rows(dk_ptr, dk, start, length, n0, h, H, BN, D, acc_layout)
+    store_rows(dv_ptr, dv, start, length, n0, h, H, BN, D, acc_layout)
 
 
 @gluon.jit
@@ -144,31 +114,17 @@ def sig_dkdv_pipelined(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, cu_ptr, 
     BM: gl.constexpr = q_desc.block_type.shape[0]
     D: gl.constexpr = q_desc.block_type.shape[1]
     BN: gl.constexpr = k_desc.block_type.shape[0]
-    q_ring, do_ring, ready, empty = _alloc(q_desc, NS, 1)
+    q_ring, do_ring, ready, empty = alloc_rings(q_desc, NS, 1)
     k_smem, v_smem, kv_bar = _tile_pair(k_desc)
     start, length, h, n0 = sequence(cu_ptr, BN)
     if n0 < length:
         n_tiles = gl.cdiv(length, BM)
         for s in gl.static_range(NS):
-            _load_ring_pair(q_desc, do_desc, start + s * BM, h * D, ready.index(s), q_ring.index(s), do_ring.index(s),
+            load_ring_pair(q_desc, do_desc, start + s * BM, h * D, ready.index(s), q_ring.index(s), do_ring.index(s),
                       s < n_tiles)
         _load_pair(k_desc, v_desc, start + n0, h * D, k_smem, v_smem, kv_bar)
         _key_block(k_smem, v_smem, q_ring, do_ring, ready, empty, q_desc, do_desc, dk_ptr, dv_ptr, start, length, h,
                    n0, H, scale, BN, BM, D, NS, TANH, False)
-
-
-@gluon.jit
-def _ring_producer(a_desc, b_desc, a_ring, b_ring, ready, empty, cu_ptr, OWN: gl.constexpr, TILE: gl.constexpr,
-                   D: gl.constexpr, NS: gl.constexpr):
-    """One warp of a two-consumer program (OWN rows each): wait until both consumers have released a slot, then TMA
-    the next TILE rows of the two ringed tensors into it."""
-    start, length, h, first = sequence(cu_ptr, OWN, 2, 0)
-    if first < length:
-        for t in range(gl.cdiv(length, TILE)):
-            slot = t % NS
-            mbarrier.wait(empty.index(slot), ((t // NS) & 1) ^ 1)     # parity 1 on a fresh barrier passes at once
-            _load_ring_pair(a_desc, b_desc, start + t * TILE, h * D, ready.index(slot), a_ring.index(slot),
-                            b_ring.index(slot), True)
 
 
 @gluon.jit
@@ -191,7 +147,7 @@ def sig_dkdv_ws2(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, cu_ptr, H, sca
     BM: gl.constexpr = q_desc.block_type.shape[0]
     D: gl.constexpr = q_desc.block_type.shape[1]
     BN: gl.constexpr = k_desc.block_type.shape[0]
-    q_ring, do_ring, ready, empty = _alloc(q_desc, NS, 2)
+    q_ring, do_ring, ready, empty = alloc_rings(q_desc, NS, 2)
     k0, v0, bar0 = _tile_pair(k_desc)
     k1, v1, bar1 = _tile_pair(k_desc)
     gl.warp_specialize([
@@ -199,7 +155,7 @@ def sig_dkdv_ws2(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, cu_ptr, H, sca
                         cu_ptr, H, scale, BN, BM, D, NS, TANH, 0)),
         (_consumer_wg, (k1, v1, bar1, q_ring, do_ring, ready, empty, q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr,
                         cu_ptr, H, scale, BN, BM, D, NS, TANH, 1)),
-        (_ring_producer, (q_desc, do_desc, q_ring, do_ring, ready, empty, cu_ptr, BN, BM, D, NS)),
+        (ring_producer, (q_desc, do_desc, q_ring, do_ring, ready, empty, cu_ptr, BN, BM, D, NS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -249,9 +205,9 @@ def _query_block(q_smem, do_smem, k_ring, v_ring, ready, empty, k_desc, v_desc, 
             mbarrier.arrive(empty.index(slot))
         else:
             refill = t + NS
-            _load_ring_pair(k_desc, v_desc, start + refill * BN, h * D, ready.index(slot), k_ring.index(slot),
+            load_ring_pair(k_desc, v_desc, start + refill * BN, h * D, ready.index(slot), k_ring.index(slot),
                      v_ring.index(slot), refill < n_tiles)
-    _store_rows(dq_ptr, dq, start, length, m0, h, H, BM, D, acc_layout)
+    store_rows(dq_ptr, dq, start, length, m0, h, H, BM, D, acc_layout)
 
 
 @gluon.jit
@@ -260,13 +216,13 @@ def sig_dq_pipelined(q_desc, k_desc, v_desc, do_desc, dq_ptr, cu_ptr, H, scale, 
     BM: gl.constexpr = q_desc.block_type.shape[0]
     D: gl.constexpr = q_desc.block_type.shape[1]
     BN: gl.constexpr = k_desc.block_type.shape[0]
-    k_ring, v_ring, ready, empty = _alloc(k_desc, NS, 1)
+    k_ring, v_ring, ready, empty = alloc_rings(k_desc, NS, 1)
     q_smem, do_smem, qdo_bar = _tile_pair(q_desc)
     start, length, h, m0 = sequence(cu_ptr, BM)
     if m0 < length:
         n_tiles = gl.cdiv(length, BN)
         for s in gl.static_range(NS):
-            _load_ring_pair(k_desc, v_desc, start + s * BN, h * D, ready.index(s), k_ring.index(s), v_ring.index(s),
+            load_ring_pair(k_desc, v_desc, start + s * BN, h * D, ready.index(s), k_ring.index(s), v_ring.index(s),
                      s < n_tiles)
         _load_pair(q_desc, do_desc, start + m0, h * D, q_smem, do_smem, qdo_bar)
         _query_block(q_smem, do_smem, k_ring, v_ring, ready, empty, k_desc, v_desc, dq_ptr, start, length, h, m0, H,
@@ -290,7 +246,7 @@ def sig_dq_ws2(q_desc, k_desc, v_desc, do_desc, dq_ptr, cu_ptr, H, scale, NS: gl
     BM: gl.constexpr = q_desc.block_type.shape[0]
     D: gl.constexpr = q_desc.block_type.shape[1]
     BN: gl.constexpr = k_desc.block_type.shape[0]
-    k_ring, v_ring, ready, empty = _alloc(k_desc, NS, 2)
+    k_ring, v_ring, ready, empty = alloc_rings(k_desc, NS, 2)
     q0, do0, bar0 = _tile_pair(q_desc)
     q1, do1, bar1 = _tile_pair(q_desc)
     gl.warp_specialize([
@@ -298,7 +254,7 @@ def sig_dq_ws2(q_desc, k_desc, v_desc, do_desc, dq_ptr, cu_ptr, H, scale, NS: gl
                            cu_ptr, H, scale, BM, BN, D, NS, TANH, 0)),
         (_dq_consumer_wg, (q1, do1, bar1, k_ring, v_ring, ready, empty, q_desc, k_desc, v_desc, do_desc, dq_ptr,
                            cu_ptr, H, scale, BM, BN, D, NS, TANH, 1)),
-        (_ring_producer, (k_desc, v_desc, k_ring, v_ring, ready, empty, cu_ptr, BM, BN, D, NS)),
+        (ring_producer, (k_desc, v_desc, k_ring, v_ring, ready, empty, cu_ptr, BM, BN, D, NS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -349,11 +305,7 @@ def _signature(v: Variant) -> tuple[dict, dict]:
 
 
 def compile_offline(v: Variant) -> dict:
-    sig, constexprs = _signature(v)
-    compiled = triton.compile(GluonASTSource(v.kernel, sig, constexprs), target=TARGET,
-                              options={"num_warps": NUM_WARPS})
-    ptx = compiled.asm["ptx"]
-    regs, spills = ptxas_usage(ptx)
+    compiled, ptx, regs, spills = compile_sm90(v.kernel, *_signature(v), NUM_WARPS)
     return {"kernel": v.name, "regs": regs, "spill_bytes": spills, "smem": compiled.metadata.shared,
             "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg")}
 
@@ -381,7 +333,7 @@ def run_gpu(shape_name: str) -> None:
     """The variants beside mini_of3's Triton backward (recomputing dq, tanh): their gradients against float64 on
     head 0 and against Triton's on all heads; ms of each Gluon kernel beside the device ms of Triton's kernel for
     the same gradients (_bwd_dkdv, _bwd_dq; torch.profiler)."""
-    from mini_of3.bench.common import device_ms_by_kernel
+    from mini_of3.bench.common import device_ms_by_kernel, median_ms
     from mini_of3.bench.sigmoid import float64_reference, make_packed, parse_shape
     from mini_of3.kernels import sigmoid_attention
     from mini_of3.kernels.sigmoid_attention_host import sigmoid_tiles
@@ -413,7 +365,7 @@ def run_gpu(shape_name: str) -> None:
             errors = "  ".join(f"{n} {((g[:, 0].double() - r[:, 0]).norm() / r[:, 0].norm()).item():.2e} vs float64, "
                                f"{((g.float() - t.float()).norm() / t.float().norm()).item():.1e} vs Triton"
                                for n, g, r, t in checks)
-            ms = time_ms(fn)
+            ms = median_ms(lambda r: fn(), warmup=3, reps=10)
             base = triton_ms["dq" if variant.computes_dq else "dkdv"]
             print(f"  {variant.name:34s} {ms:8.3f} ms ({ms / base:.2f}x Triton's)  {errors}", flush=True)
         except Exception as e:  # a probe: report and go on to the next kernel

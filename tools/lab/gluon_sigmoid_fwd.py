@@ -38,11 +38,11 @@ from dataclasses import dataclass
 
 import torch
 import triton
-from gluon_common import TARGET, mma_layout, ptxas_usage, shared_layout
+from gluon_common import (alloc_rings, alloc_tile, compile_sm90, load_ring_pair, load_tile, mma_layout,
+                          shared_layout)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon._runtime import GluonASTSource
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 HEAD_D = 128
@@ -85,20 +85,6 @@ def sigmoid(z, TANH: gl.constexpr):
 
 
 @gluon.jit
-def _load_q(q_desc, row, col, q_smem, bar):
-    mbarrier.expect(bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [row, col], bar, q_smem)
-    mbarrier.wait(bar, 0)
-
-
-@gluon.jit
-def _load_kv(k_desc, v_desc, row, col, bar, k_slot, v_slot, pred):
-    mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(k_desc, [row, col], bar, k_slot, pred=pred)
-    tma.async_copy_global_to_shared(v_desc, [row, col], bar, v_slot, pred=pred)
-
-
-@gluon.jit
 def _tile(acc, q_smem, k_slot, v_slot, n0, length, mul, add, BM: gl.constexpr, BN: gl.constexpr,
           s_layout: gl.constexpr, o_layout: gl.constexpr, TANH: gl.constexpr, MASKED: gl.constexpr):
     """acc [BM, D] + sigmoid(Q K^T) V over one key tile (MASKED: keys >= length contribute nothing)."""
@@ -115,26 +101,19 @@ def _tile(acc, q_smem, k_slot, v_slot, n0, length, mul, add, BM: gl.constexpr, B
 
 
 @gluon.jit
-def _store_o(o_ptr, acc, start, length, m0, h, H, BM: gl.constexpr, D: gl.constexpr, o_layout: gl.constexpr):
-    rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, o_layout))                          # [BM]
-    cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))                                # [D]
-    ptrs = o_ptr + ((start + rows[:, None]).to(gl.int64) * H + h) * D + cols[None, :]
-    gl.store(ptrs, acc.to(gl.bfloat16), mask=rows[:, None] < length)
+def store_rows(ptr, value, start, length, r0, h, H, ROWS: gl.constexpr, D: gl.constexpr, layout: gl.constexpr):
+    """Rows r0 .. r0 + ROWS of head h of a packed [total, H, D] bf16 tensor from ``value`` [ROWS, D], those < L."""
+    rows = r0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))                          # [ROWS]
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))                                  # [D]
+    ptrs = ptr + ((start + rows[:, None]).to(gl.int64) * H + h) * D + cols[None, :]
+    gl.store(ptrs, value.to(gl.bfloat16), mask=rows[:, None] < length)
 
 
 @gluon.jit
 def _alloc(q_desc, k_desc, NS: gl.constexpr, N_CONSUMERS: gl.constexpr = 1):
-    """Shared memory: Q [BM, D], K/V rings [NS, BN, D], one mbarrier for Q and NS 'ready' + NS 'empty'."""
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
-    k_ring = gl.allocate_shared_memory(k_desc.dtype, [NS] + k_desc.block_type.shape, k_desc.layout)
-    v_ring = gl.allocate_shared_memory(k_desc.dtype, [NS] + k_desc.block_type.shape, k_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for s in gl.static_range(NS):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=N_CONSUMERS)
+    """Shared memory: Q [BM, D] and its barrier, the K/V rings [NS, BN, D] with 'ready' and 'empty' per slot."""
+    q_smem, q_bar = alloc_tile(q_desc)
+    k_ring, v_ring, ready, empty = alloc_rings(k_desc, NS, N_CONSUMERS)
     return q_smem, k_ring, v_ring, q_bar, ready, empty
 
 
@@ -163,9 +142,9 @@ def _consume(q_smem, k_ring, v_ring, ready, empty, k_desc, v_desc, o_ptr, start,
             mbarrier.arrive(empty.index(slot))
         else:
             refill = t + NS
-            _load_kv(k_desc, v_desc, start + refill * BN, h * D, ready.index(slot), k_ring.index(slot),
+            load_ring_pair(k_desc, v_desc, start + refill * BN, h * D, ready.index(slot), k_ring.index(slot),
                      v_ring.index(slot), refill < n_tiles)
-    _store_o(o_ptr, acc, start, length, m0, h, H, BM, D, o_layout)
+    store_rows(o_ptr, acc, start, length, m0, h, H, BM, D, o_layout)
 
 
 @gluon.jit
@@ -176,7 +155,7 @@ def _release(slot, t, n_tiles, k_desc, v_desc, k_ring, v_ring, ready, empty, sta
         mbarrier.arrive(empty.index(slot))
     else:
         refill = t + NS
-        _load_kv(k_desc, v_desc, start + refill * BN, h * D, ready.index(slot), k_ring.index(slot),
+        load_ring_pair(k_desc, v_desc, start + refill * BN, h * D, ready.index(slot), k_ring.index(slot),
                  v_ring.index(slot), refill < n_tiles)
 
 
@@ -216,7 +195,7 @@ def _consume_overlap(q_smem, k_ring, v_ring, ready, empty, k_desc, v_desc, o_ptr
     acc = warpgroup_mma_wait(0, deps=(acc, ))
     if SIGNAL_EMPTY:
         mbarrier.arrive(empty.index(last % NS))
-    _store_o(o_ptr, acc, start, length, m0, h, H, BM, D, o_layout)
+    store_rows(o_ptr, acc, start, length, m0, h, H, BM, D, o_layout)
 
 
 @gluon.jit
@@ -250,7 +229,7 @@ def _consume_pingpong(q_smem, k_ring, v_ring, ready, empty, turn, o_ptr, start, 
         acc = warpgroup_mma(p_op, v_ring.index(slot), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(empty.index(slot))
-    _store_o(o_ptr, acc, start, length, m0, h, H, BM, D, o_layout)
+    store_rows(o_ptr, acc, start, length, m0, h, H, BM, D, o_layout)
 
 
 # ---- kernel 1: one warpgroup, the TMA ring refilled in-line ----------------------------------------------------
@@ -267,9 +246,9 @@ def sig_fwd_pipelined(q_desc, k_desc, v_desc, o_ptr, cu_ptr, H, scale, NS: gl.co
     if m0 < length:
         n_tiles = gl.cdiv(length, BN)
         for s in gl.static_range(NS):
-            _load_kv(k_desc, v_desc, start + s * BN, h * D, ready.index(s), k_ring.index(s), v_ring.index(s),
+            load_ring_pair(k_desc, v_desc, start + s * BN, h * D, ready.index(s), k_ring.index(s), v_ring.index(s),
                      s < n_tiles)
-        _load_q(q_desc, start + m0, h * D, q_smem, q_bar)
+        load_tile(q_desc, start + m0, h * D, q_smem, q_bar)
         if OVERLAP:
             _consume_overlap(q_smem, k_ring, v_ring, ready, empty, k_desc, v_desc, o_ptr, start, length, h, m0, H,
                              scale, BM, BN, D, NS, TANH, False, num_warps)
@@ -282,16 +261,17 @@ def sig_fwd_pipelined(q_desc, k_desc, v_desc, o_ptr, cu_ptr, H, scale, NS: gl.co
 
 
 @gluon.jit
-def _producer(k_desc, v_desc, k_ring, v_ring, ready, empty, cu_ptr, BM: gl.constexpr, BN: gl.constexpr,
-              D: gl.constexpr, NS: gl.constexpr):
-    """One warp: wait until both consumers have released a slot, then TMA the next K/V tile into it."""
-    start, length, h, m0 = sequence(cu_ptr, BM, 2, 0)
-    if m0 < length:
-        for t in range(gl.cdiv(length, BN)):
+def ring_producer(a_desc, b_desc, a_ring, b_ring, ready, empty, cu_ptr, OWN: gl.constexpr, TILE: gl.constexpr,
+                  D: gl.constexpr, NS: gl.constexpr):
+    """One warp of a two-consumer program (OWN rows each): wait until both consumers have released a slot, then TMA
+    the next TILE rows of the two ringed tensors (K and V, or Q and dO) into it."""
+    start, length, h, first = sequence(cu_ptr, OWN, 2, 0)
+    if first < length:
+        for t in range(gl.cdiv(length, TILE)):
             slot = t % NS
             mbarrier.wait(empty.index(slot), ((t // NS) & 1) ^ 1)     # parity 1 on a fresh barrier passes at once
-            _load_kv(k_desc, v_desc, start + t * BN, h * D, ready.index(slot), k_ring.index(slot),
-                     v_ring.index(slot), True)
+            load_ring_pair(a_desc, b_desc, start + t * TILE, h * D, ready.index(slot), a_ring.index(slot),
+                           b_ring.index(slot), True)
 
 
 @gluon.jit
@@ -303,7 +283,7 @@ def _consumer_wg(q_smem, q_bar, k_ring, v_ring, ready, empty, q_desc, k_desc, v_
     start, length, h, m0 = sequence(cu_ptr, BM, 2, WG)
     first = m0 - WG * BM
     if first < length:
-        _load_q(q_desc, start + m0, h * D, q_smem, q_bar)
+        load_tile(q_desc, start + m0, h * D, q_smem, q_bar)
         if PINGPONG:
             _consume_pingpong(q_smem, k_ring, v_ring, ready, empty, turn, o_ptr, start, length, h, m0, H, scale,
                               BM, BN, D, NS, TANH, WG)
@@ -334,7 +314,7 @@ def sig_fwd_ws2(q_desc, k_desc, v_desc, o_ptr, cu_ptr, H, scale, NS: gl.constexp
                         BM, BN, D, NS, TANH, OVERLAP, PINGPONG, turn, 0)),
         (_consumer_wg, (q1, bar1, k_ring, v_ring, ready, empty, q_desc, k_desc, v_desc, o_ptr, cu_ptr, H, scale,
                         BM, BN, D, NS, TANH, OVERLAP, PINGPONG, turn, 1)),
-        (_producer, (k_desc, v_desc, k_ring, v_ring, ready, empty, cu_ptr, BM, BN, D, NS)),
+        (ring_producer, (k_desc, v_desc, k_ring, v_ring, ready, empty, cu_ptr, BM, BN, D, NS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -391,11 +371,7 @@ def _signature(v: Variant) -> tuple[dict, dict]:
 
 def compile_offline(v: Variant) -> dict:
     """Compile for sm_90 without a GPU; -> regs, spills, shared bytes and a few PTX counts."""
-    sig, constexprs = _signature(v)
-    compiled = triton.compile(GluonASTSource(v.kernel, sig, constexprs), target=TARGET,
-                              options={"num_warps": NUM_WARPS})
-    ptx = compiled.asm["ptx"]
-    regs, spills = ptxas_usage(ptx)
+    compiled, ptx, regs, spills = compile_sm90(v.kernel, *_signature(v), NUM_WARPS)
     return {"kernel": v.name, "regs": regs, "spill_bytes": spills, "smem": compiled.metadata.shared,
             "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg"),
             "tma": ptx.count("cp.async.bulk.tensor"), "mufu": len(re.findall(r"(tanh|ex2|rcp)\.approx", ptx))}
@@ -418,26 +394,11 @@ def gluon_launcher(v: Variant, q, k, v_, cu, max_len: int):
     return launch
 
 
-def time_ms(fn, reps: int = 10) -> float:
-    """Device ms per call: median of ``reps`` calls, each between CUDA events, after 3 warm-up calls."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[reps // 2]
-
-
 def run_gpu(shape_name: str, variants: list[Variant]) -> None:
     """``variants`` beside mini_of3's Triton forward (tanh and rcp) on one benchmark shape of `bench sigmoid`:
     norm-relative error of o against float64 on head 0 and against the Triton forward of the same evaluation on all
     heads, ms and TFLOP/s over real tokens, the Triton and Gluon calls interleaved over rounds."""
+    from mini_of3.bench.common import median_ms
     from mini_of3.bench.sigmoid import float64_reference, make_packed, parse_shape
     from mini_of3.kernels import sigmoid_attention
     from mini_of3.kernels.sigmoid_attention_host import sigmoid_tiles
@@ -474,7 +435,7 @@ def run_gpu(shape_name: str, variants: list[Variant]) -> None:
     live = [(name, fn) for name, fn, _ in rows if name in errors]
     for _ in range(3):                                   # interleaved rounds: the card's drift falls on all alike
         for name, fn in live:
-            times[name].append(time_ms(fn))
+            times[name].append(median_ms(lambda r: fn(), warmup=3, reps=10))
     print(f"{shape_name}: B={shape.B} T<={T} H=16 D={shape.D}, {shape.flops_fwd() / 1e12:.2f} TFLOP forward")
     for name, _ in live:
         ms = sorted(times[name])[1]

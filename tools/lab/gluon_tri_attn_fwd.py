@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 import torch
 import triton
-from gluon_common import TARGET, mma_layout, ptxas_usage, shared_layout
+from gluon_common import (alloc_rings, alloc_tile, compile_sm90, load_ring_pair, load_tile, mma_layout,
+                          shared_layout)
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -58,20 +58,6 @@ def _tile_coords(J, I, H, BM: gl.constexpr, NWG: gl.constexpr = 1, WG: gl.conste
     bih = gl.program_id(1)
     bh = (bih // (I * H)) * H + bih % H
     return bih, m0, bih * J, bh.to(gl.int64) * J * J
-
-
-@gluon.jit
-def _load_q(q_desc, q_row, q_smem, bar):
-    mbarrier.expect(bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, 0], bar, q_smem)
-    mbarrier.wait(bar, 0)
-
-
-@gluon.jit
-def _load_kv(k_desc, v_desc, kv_row, bar, k_slot, v_slot, pred):
-    mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(k_desc, [kv_row, 0], bar, k_slot, pred=pred)
-    tma.async_copy_global_to_shared(v_desc, [kv_row, 0], bar, v_slot, pred=pred)
 
 
 @gluon.jit
@@ -140,24 +126,16 @@ def _consume(q_smem, k_ring, v_ring, ready, empty, bias_ptr, o_ptr, J, I, H, qk_
             mbarrier.arrive(empty.index(slot))
         else:
             refill = t + NS
-            _load_kv(k_desc, v_desc, q_row + refill * BN, ready.index(slot), k_ring.index(slot), v_ring.index(slot),
-                     refill < n_tiles)
+            load_ring_pair(k_desc, v_desc, q_row + refill * BN, 0, ready.index(slot), k_ring.index(slot),
+                           v_ring.index(slot), refill < n_tiles)
     _store_o(o_ptr, acc, l_i, q_row, m0, J, BM, D, o_layout)
 
 
 @gluon.jit
 def _alloc(q_desc, k_desc, NS: gl.constexpr, N_CONSUMERS: gl.constexpr = 1):
-    """Shared memory: Q [BM, D], K/V rings [NS, BN, D], one mbarrier for Q and NS 'ready' + NS 'empty'."""
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
-    k_ring = gl.allocate_shared_memory(k_desc.dtype, [NS] + k_desc.block_type.shape, k_desc.layout)
-    v_ring = gl.allocate_shared_memory(k_desc.dtype, [NS] + k_desc.block_type.shape, k_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for s in gl.static_range(NS):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=N_CONSUMERS)
+    """Shared memory: Q [BM, D] and its barrier, the K/V rings [NS, BN, D] with 'ready' and 'empty' per slot."""
+    q_smem, q_bar = alloc_tile(q_desc)
+    k_ring, v_ring, ready, empty = alloc_rings(k_desc, NS, N_CONSUMERS)
     return q_smem, k_ring, v_ring, q_bar, ready, empty
 
 
@@ -174,8 +152,9 @@ def attn_fwd_pipelined(q_desc, k_desc, v_desc, bias_ptr, o_ptr, J, I, H, qk_scal
     bih, m0, q_row, bias_off = _tile_coords(J, I, H, BM)
     n_tiles = gl.cdiv(J, BN)
     for s in gl.static_range(NS):
-        _load_kv(k_desc, v_desc, q_row + s * BN, ready.index(s), k_ring.index(s), v_ring.index(s), s < n_tiles)
-    _load_q(q_desc, q_row + m0, q_smem, q_bar)
+        load_ring_pair(k_desc, v_desc, q_row + s * BN, 0, ready.index(s), k_ring.index(s), v_ring.index(s),
+                       s < n_tiles)
+    load_tile(q_desc, q_row + m0, 0, q_smem, q_bar)
     _consume(q_smem, k_ring, v_ring, ready, empty, bias_ptr, o_ptr, J, I, H, qk_scale, BM, BN, D, NS, False,
              k_desc, v_desc, num_warps)
 
@@ -210,7 +189,7 @@ def attn_fwd_tma_bias(q_desc, k_desc, v_desc, b_desc, o_ptr, J, I, H, qk_scale,
     for st in gl.static_range(NS):
         _load_kvb(k_desc, v_desc, b_desc, q_row + st * BN, b_row, st * BN, ready.index(st), k_ring.index(st),
                   v_ring.index(st), b_ring.index(st), st < n_tiles)
-    _load_q(q_desc, q_row + m0, q_smem, q_bar)
+    load_tile(q_desc, q_row + m0, 0, q_smem, q_bar)
     m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BM, D], gl.float32, o_layout)
@@ -242,7 +221,8 @@ def _producer(k_desc, v_desc, k_ring, v_ring, ready, empty, J, I, H, BM: gl.cons
     for t in range(gl.cdiv(J, BN)):
         slot = t % NS
         mbarrier.wait(empty.index(slot), ((t // NS) & 1) ^ 1)  # parity 1 on a fresh barrier passes at once
-        _load_kv(k_desc, v_desc, q_row + t * BN, ready.index(slot), k_ring.index(slot), v_ring.index(slot), True)
+        load_ring_pair(k_desc, v_desc, q_row + t * BN, 0, ready.index(slot), k_ring.index(slot), v_ring.index(slot),
+                       True)
 
 
 @gluon.jit
@@ -250,7 +230,7 @@ def _consumer_partition(q_smem, q_bar, k_ring, v_ring, ready, empty, bias_ptr, o
                         k_desc, v_desc, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, NS: gl.constexpr,
                         num_warps: gl.constexpr):
     bih, m0, q_row, bias_off = _tile_coords(J, I, H, BM)
-    _load_q(q_desc, q_row + m0, q_smem, q_bar)
+    load_tile(q_desc, q_row + m0, 0, q_smem, q_bar)
     _consume(q_smem, k_ring, v_ring, ready, empty, bias_ptr, o_ptr, J, I, H, qk_scale, BM, BN, D, NS, True,
              k_desc, v_desc, num_warps)
 
@@ -277,7 +257,7 @@ def _consumer_wg(q_smem, q_bar, k_ring, v_ring, ready, empty, bias_ptr, o_ptr, J
                  v_desc, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, NS: gl.constexpr, WG: gl.constexpr):
     """Consumer warpgroup WG of 2: its own Q tile and accumulator, the shared K/V ring."""
     bih, m0, q_row, bias_off = _tile_coords(J, I, H, BM, 2, WG)
-    _load_q(q_desc, q_row + m0, q_smem, q_bar)
+    load_tile(q_desc, q_row + m0, 0, q_smem, q_bar)
     _consume(q_smem, k_ring, v_ring, ready, empty, bias_ptr, o_ptr, J, I, H, qk_scale, BM, BN, D, NS, True,
              k_desc, v_desc, 4, 2, WG)
 
@@ -352,11 +332,7 @@ def _signature(v: Variant) -> tuple[dict, dict]:
 
 def compile_offline(v: Variant) -> dict:
     """Compile for sm_90 without a GPU; -> regs, spills, shared bytes and a few PTX counts."""
-    sig, constexprs = _signature(v)
-    compiled = triton.compile(GluonASTSource(v.kernel, sig, constexprs), target=TARGET,
-                              options={"num_warps": NUM_WARPS})
-    ptx = compiled.asm["ptx"]
-    regs, spills = ptxas_usage(ptx)
+    compiled, ptx, regs, spills = compile_sm90(v.kernel, *_signature(v), NUM_WARPS)
     return {"kernel": v.name, "regs": regs, "spill_bytes": spills, "smem": compiled.metadata.shared,
             "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg"),
             "tma": ptx.count("cp.async.bulk.tensor")}
