@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mini_of3.kernels import sigmoid_attention_hopper as hopper
 from mini_of3.kernels import sigmoid_attention_kernels as K
 from mini_of3.kernels.host import TileOverride, allocate, interpreting, launch
 
@@ -29,7 +30,10 @@ class Tiles:
     evaluation (sigmoid_attention_kernels.py: "exact", "rcp", "tanh"), the bytes of dS^T workspace the
     backward may take to read dq from stored scores (0: it recomputes them) and the forward's registers per thread
     at most in the padded and packed layouts (0: the compiler's choice; dense calls never cap: under a cap ptxas
-    takes more registers than it chooses alone, at the same occupancy)."""
+    takes more registers than it chooses alone, at the same occupancy). hopper: calls that sigmoid_attention_hopper
+    applies to (sm_90, 16-bit, D = 128, no causal mask, dense or packed) run on its Gluon kernels (0: the Triton
+    kernels), with the forward's key tile (0: 128 dense, 64 packed), its ring's stages, the backward's tile (rows
+    kept and rows ringed alike) and stages."""
     fwd_block_m: int
     fwd_block_n: int
     fwd_warps: int
@@ -49,6 +53,11 @@ class Tiles:
     dqs_warps: int = 4
     dqs_stages: int = 3
     fwd_registers: int = 0
+    hopper: int = 1
+    hopper_fwd_block_n: int = 0
+    hopper_fwd_stages: int = 3
+    hopper_bwd_block: int = 64
+    hopper_bwd_stages: int = 2
 
 
 # 16-bit inputs on the GPU, per head dim: the fastest of `python -m mini_of3.bench sigmoid --sweep` on an H100 at
@@ -121,8 +130,10 @@ def _lengths(q: torch.Tensor, k: torch.Tensor, layout: str) -> tuple[int, int]:
 
 def forward(q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: int, causal: bool, scale: float,
             bias_value: float | None) -> torch.Tensor:
-    """o (q's shape, contiguous) by _fwd."""
+    """o (q's shape, contiguous) by _fwd (or sigmoid_attention_hopper's, where it applies)."""
     tiles = current_tiles(q.shape[-1], q.dtype)
+    if hopper.applies(q, k, layout, causal, tiles):
+        return hopper.forward(q, k, v, seq_q, seq_k, bias, layout, max_q, max_k, scale, bias_value, tiles)
     o = allocate(q.shape, q.dtype, q.device)
     n_seq, (bias_ptr, sb_s, sb_h), flags = _common_args(q, k, seq_q, seq_k, bias, layout, causal, bias_value, tiles)
     grid = (triton_cdiv(max_q, tiles.fwd_block_m), q.shape[-2], n_seq)
@@ -140,10 +151,12 @@ def backward(do, q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: in
              bias_value: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv (the inputs' shapes, contiguous). Where the dS^T of at least one head fits tiles.scores_budget,
     per chunk of heads (scores_heads): _bwd_dkdv storing dS^T, then _bwd_dq_scores reading it; else, over all heads,
-    _bwd_dkdv, then _bwd_dq recomputing sigma and dP."""
+    _bwd_dkdv, then _bwd_dq recomputing sigma and dP. Where sigmoid_attention_hopper applies: its kernels."""
     if do.stride(-1) != 1:
         do = do.contiguous()
     tiles = current_tiles(q.shape[-1], q.dtype)
+    if hopper.applies(q, k, layout, causal, tiles):
+        return hopper.backward(do, q, k, v, seq_q, seq_k, bias, layout, max_q, max_k, scale, bias_value, tiles)
     n_seq, (bias_ptr, sb_s, sb_h), flags = _common_args(q, k, seq_q, seq_k, bias, layout, causal, bias_value, tiles)
     H = q.shape[-2]
     dk = allocate(k.shape, k.dtype, k.device)

@@ -448,3 +448,15 @@ def test_torch_compile_treats_the_op_as_opaque():
     ref = run(f, q, k, v, do)
     for name, g, r in zip(NAMES, got, ref):
         assert rel_err(g, r.double()) < 1e-6, name
+
+
+def test_hopper_sequence_tables():
+    """What sigmoid_attention_hopper launches over: a dense batch as packed sequences of equal length, and packed
+    sequences in launch order, the most scores first (ties in their order)."""
+    from mini_of3.kernels.sigmoid_attention_hopper import sequence_tables
+    q, k = torch.zeros(3, 5, 2, 128), torch.zeros(3, 7, 2, 128)
+    cu_q, cu_k, order = sequence_tables(q, k, None, None, "dense")
+    assert cu_q.tolist() == [0, 5, 10, 15] and cu_k.tolist() == [0, 7, 14, 21] and order.tolist() == [0, 1, 2]
+    cu_q, cu_k = cumulative([4, 0, 9, 3, 3]), cumulative([4, 8, 9, 1, 3])
+    _, _, order = sequence_tables(None, None, cu_q, cu_k, "varlen")
+    assert order.dtype == torch.int32 and order.tolist() == [2, 0, 4, 3, 1]      # 81, 16, 9, 3, 0 scores

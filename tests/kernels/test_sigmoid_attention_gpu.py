@@ -99,7 +99,7 @@ def test_bitwise_repeat():
                                                    ("varlen", 64, torch.bfloat16, False),
                                                    ("dense", 32, torch.float32, True)])
 def test_backward_from_stored_scores(layout, D, dtype, causal):
-    """The stored-scores backward, every head in one chunk and one head per chunk: float64 holds, the chunks agree
+    """The Triton kernels' stored-scores backward, every head in one chunk and one head per chunk: float64 holds, the chunks agree
     bit for bit, o, dk and dv equal the recomputing backward's bit for bit."""
     lens_q = varlen_lengths(4, 1, 1500, seed=D) if layout != "dense" else [1500] * 2
     lens_k = lens_q if causal or layout == "dense" else varlen_lengths(4, 1, 1500, seed=D + 1)
@@ -117,11 +117,11 @@ def test_backward_from_stored_scores(layout, D, dtype, causal):
             kw.update(seq_lens_q=i32(lens_q), seq_lens_k=i32(lens_k))
         n_seq, max_q, max_k = B, Tq, Tk
     one_head = scores_per_head(q, k, n_seq, layout, max_q, max_k) * q.element_size()
-    with sigmoid_tiles(scores_budget=one_head):
+    with sigmoid_tiles(scores_budget=one_head, hopper=0):
         chunked = run(sigmoid_attention, q, k, v, do, **kw)
-    with sigmoid_tiles(scores_budget=H * one_head):
+    with sigmoid_tiles(scores_budget=H * one_head, hopper=0):
         whole = run(sigmoid_attention, q, k, v, do, **kw)
-    with sigmoid_tiles(scores_budget=0):
+    with sigmoid_tiles(scores_budget=0, hopper=0):
         recomputed = run(sigmoid_attention, q, k, v, do, **kw)
     assert_matches(whole, reference(q, k, v, do, **kw), dtype)
     for name, a, b, c in zip(NAMES, whole, chunked, recomputed):
@@ -130,3 +130,66 @@ def test_backward_from_stored_scores(layout, D, dtype, causal):
             assert torch.equal(a, c), name
     if layout == "padded":
         assert_padding_zero(whole, lens_q, lens_k)
+
+
+# ---- the Hopper (Gluon) kernels of sigmoid_attention_hopper.py: sm_90 only ----------------------------------------
+
+sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                          reason="needs an sm_90 GPU (H100, H200)")
+HOPPER_LAYOUTS = {     # (lengths of the queries, of the keys): odd sizes, an empty sequence, Tq != Tk, one key
+    "dense": ([1000] * 2, [1000] * 2),
+    "dense Tq != Tk": ([777] * 2, [1537] * 2),
+    "varlen": ([1, 0, 2047, 64, 129, 1000, 3], [1, 0, 2047, 64, 129, 1000, 3]),
+    "varlen Tq != Tk": ([300, 0, 1500, 65, 7], [1200, 5, 0, 65, 2048]),
+}
+
+
+def hopper_case(layout: str, dtype, H: int = 3, seed: int = 0):
+    """(q, k, v, do, kwargs) of a HOPPER_LAYOUTS case at D = 128."""
+    lens_q, lens_k = HOPPER_LAYOUTS[layout]
+    if layout.startswith("dense"):
+        q, k, v, do = make_inputs((len(lens_q), lens_q[0], H, 128), (len(lens_k), lens_k[0], H, 128), dtype, seed)
+        return q, k, v, do, {}
+    q, k, v, do = make_inputs((sum(lens_q), H, 128), (sum(lens_k), H, 128), dtype, seed)
+    return q, k, v, do, dict(cu_seqlens_q=cumulative(lens_q), cu_seqlens_k=cumulative(lens_k),
+                             max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
+
+
+@sm90
+@pytest.mark.parametrize("layout", list(HOPPER_LAYOUTS))
+@pytest.mark.parametrize("dtype,variant,bias", [(torch.bfloat16, "rcp", None), (torch.float16, "tanh", None),
+                                                (torch.bfloat16, "tanh", -2.5), (torch.float16, "rcp", "per head")])
+def test_hopper_kernels_match_float64_and_the_triton_kernels(layout, dtype, variant, bias):
+    """The Gluon kernels against float64: within the tolerance where the Triton kernels are (rcp), and no further
+    from float64 than the Triton kernels with the same evaluation (tanh: its error near sigma ~ 0 dominates)."""
+    from mini_of3.kernels import sigmoid_attention_hopper as hopper
+    from mini_of3.kernels.sigmoid_attention_host import current_tiles
+
+    q, k, v, do, kw = hopper_case(layout, dtype, seed=len(layout))
+    if bias == "per head":
+        bias = torch.tensor([-1.0, -4.0, -7.5], device=q.device)
+    kw["sigmoid_bias"] = bias
+    with sigmoid_tiles(sigmoid=variant):
+        assert hopper.applies(q, k, "varlen" if "cu_seqlens_q" in kw else "dense", False,
+                              current_tiles(128, dtype))
+        got = run(sigmoid_attention, q, k, v, do, **kw)
+    with sigmoid_tiles(sigmoid=variant, hopper=0):
+        triton_path = run(sigmoid_attention, q, k, v, do, **kw)
+    ref = reference(q, k, v, do, **kw)
+    for name, g, t, r in zip(NAMES, got, triton_path, ref):
+        assert torch.isfinite(g).all(), f"{name} has non-finite or unwritten elements"
+        err, err_triton = rel_err(g, r), rel_err(t, r)
+        print(name, layout, variant, f"{err:.2e} (Triton kernels {err_triton:.2e})")
+        assert err <= 1.25 * err_triton + 1e-3, (name, err, err_triton)
+        if variant == "rcp":
+            assert err < TOLERANCE[dtype], (name, err)
+
+
+@sm90
+@pytest.mark.parametrize("layout", ["dense", "varlen Tq != Tk"])
+def test_hopper_kernels_repeat_bitwise(layout):
+    q, k, v, do, kw = hopper_case(layout, torch.bfloat16, H=4, seed=11)
+    first, *again = [run(sigmoid_attention, q, k, v, do, **kw) for _ in range(3)]
+    for other in again:
+        for name, a, b in zip(NAMES, first, other):
+            assert torch.equal(a, b), f"{name} differs between runs"

@@ -39,3 +39,16 @@ def test_sigmoid_evaluations_assemble_for_sm90(layout):
         assert 0 < int(tanh["MUFU"]) < int(rcp["MUFU"]), kernel           # one and two operations per score
         assert rcp["mma"] == tanh["mma"] == "HGMMA", kernel
     assert int(rows["dq from dS"]["MUFU"]) == 0
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="Triton's ptxas is not installed")
+def test_hopper_sigmoid_kernels_assemble_for_sm90():
+    """The Gluon kernels (sigmoid_attention_hopper.py) at their default tiles: wgmma, no spills, within an SM's
+    shared memory, one special-function instruction per score with tanh and two with rcp."""
+    rows = compiled_rows("--kernel", "sigmoid_hopper", "--sigmoid", "rcp,tanh")
+    for kernel in ("fwd", "fwd packed", "dkdv", "dq"):
+        rcp, tanh = (rows[f"hopper {kernel} {variant}"] for variant in ("rcp", "tanh"))
+        for row in (rcp, tanh):
+            assert row["mma"] == "HGMMA" and row["LDL"] == row["STL"] == "0", (kernel, row)
+            assert int(row["smem"]) <= 227 * 1024, (kernel, row)
+        assert 2 * int(tanh["MUFU"]) == int(rcp["MUFU"]), kernel

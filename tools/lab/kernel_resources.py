@@ -21,6 +21,8 @@ machine's is 3.6, and its register allocation differs from 3.9's (the packed sig
                                          # sigmoid attention's kernels at their default tiles, dense, with the
                                          # special-function (MUFU) and branch instructions of each evaluation
     python tools/lab/kernel_resources.py --kernel sigmoid --head-dim 128 --layout varlen   # the packed layout
+    python tools/lab/kernel_resources.py --kernel sigmoid_hopper   # the Gluon kernels of sigmoid_attention_hopper.py
+                                         # at their default tiles (BJ, BK: rows kept, rows ringed per stage)
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from mini_of3.kernels import sigmoid_attention_hopper as SH  # noqa: E402
 from mini_of3.kernels import sigmoid_attention_kernels as SK  # noqa: E402
 from mini_of3.kernels import transition_kernels as TK  # noqa: E402
 from mini_of3.kernels import triangle_attention_kernels as K  # noqa: E402
@@ -81,6 +84,26 @@ def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, maxnre
                           options=options)
 
 
+def compile_hopper(fn, ringed: int, kept: int, stages: int, bias_kind: str, tanh: bool):
+    """Compile a Gluon kernel of sigmoid_attention_hopper.py for sm_90: bf16, D = 128, ``kept`` rows per consumer
+    warpgroup, ``ringed`` rows per ring stage."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    def descriptor(rows):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, SH.HEAD_DIM], gl.bfloat16)
+        return f"tensordesc<bf16[{rows}, {SH.HEAD_DIM}],{layout!r}>"
+    rows = {"fwd": dict(q_desc=kept, k_desc=ringed, v_desc=ringed),
+            "dkdv": dict(q_desc=ringed, do_desc=ringed, k_desc=kept, v_desc=kept),
+            "dq": dict(q_desc=kept, do_desc=kept, k_desc=ringed, v_desc=ringed)}[fn.__name__.lstrip("_")]
+    types = dict(cu_q="*i32", cu_k="*i32", order="*i32", bias_ptr="*fp32", sb_s="i32", sb_h="i32", bias_value="fp32",
+                 H="i32", scale="fp32", **{name: descriptor(n) for name, n in rows.items()})
+    signature = {name: types.get(name, "*bf16" if name.endswith("_ptr") else "constexpr") for name in fn.arg_names}
+    constexprs = dict(NS=stages, BIAS_KIND=bias_kind, TANH=tanh)
+    return triton.compile(GluonASTSource(fn, signature, constexprs), target=TARGET,
+                          options={"num_warps": SH.NUM_WARPS})
+
+
 def resources(compiled) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
@@ -106,7 +129,8 @@ def _cap(config) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kernel", choices=("fwd", "dq", "dkdv", "dbias", "all", "transition", "sigmoid"),
+    parser.add_argument("--kernel", choices=("fwd", "dq", "dkdv", "dbias", "all", "transition", "sigmoid",
+                                             "sigmoid_hopper"),
                         default="all")
     parser.add_argument("--sigmoid", default="rcp,tanh", help="--kernel sigmoid: the evaluations compiled")
     parser.add_argument("--head-dim", type=int, default=32)
@@ -170,11 +194,27 @@ def main() -> None:
                                                           BLOCK_M=t.dqs_block_m, BLOCK_N=t.dqs_block_n,
                                                           BLOCK_J=t.dqs_block_m, BLOCK_K=t.dqs_block_n),
                      t.dqs_warps, t.dqs_stages))
+    if args.kernel == "sigmoid_hopper":   # warps: the default partition's (two more warpgroups' worth run beside)
+        t = DEFAULT_TILES[128]
+        for variant in args.sigmoid.split(","):
+            for name, fn, ringed, kept, stages in (("fwd", SH._fwd, 128, 64, t.hopper_fwd_stages),
+                                                   ("fwd packed", SH._fwd, 64, 64, t.hopper_fwd_stages),
+                                                   ("dkdv", SH._dkdv, t.hopper_bwd_block, t.hopper_bwd_block,
+                                                    t.hopper_bwd_stages),
+                                                   ("dq", SH._dq, t.hopper_bwd_block, t.hopper_bwd_block,
+                                                    t.hopper_bwd_stages)):
+                jobs.append((f"hopper {name} {variant}", fn, dict(BLOCK_J=kept, BLOCK_K=ringed, ringed=ringed,
+                                                                  kept=kept, stages=stages, tanh=variant == "tanh"),
+                             SH.NUM_WARPS, stages))
     print(f"{'kernel':14s}{'BJ':>5s}{'BK':>5s}{'warps':>6s}{'stages':>7s}{'regs':>6s}{'CTA:reg':>8s}{':smem':>6s}"
           f"{'stack':>6s}{'LDL':>5s}{'STL':>5s}{'smem':>8s}  mma  {'MUFU':>5s}{'BRA':>5s}{'instr':>6s}")
     for name, fn, flags, warps, stages, *cap in jobs:   # cap: the launch's maxnreg, where it sets one
-        r = resources(compile_kernel(fn, {k: v for k, v in flags.items() if k in fn.arg_names}, warps, stages,
-                                     cap[0] if cap and cap[0] else args.maxnreg))
+        if name.startswith("hopper"):
+            compiled = compile_hopper(fn, flags["ringed"], flags["kept"], stages, "keys", flags["tanh"])
+        else:
+            compiled = compile_kernel(fn, {k: v for k, v in flags.items() if k in fn.arg_names}, warps, stages,
+                                      cap[0] if cap and cap[0] else args.maxnreg)
+        r = resources(compiled)
         print(f"{name:14s}{flags['BLOCK_J']:5d}{flags['BLOCK_K']:5d}{warps:6d}{stages:7d}{r['regs']:6d}"
               f"{r['ctas_per_sm_by_regs']:8d}{r['ctas_per_sm_by_smem']:6d}{r['stack']:6d}{r['local_ld']:5d}"
               f"{r['local_st']:5d}{r['smem']:8d}  "
