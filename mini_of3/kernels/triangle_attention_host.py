@@ -113,7 +113,7 @@ def _fwd_configs(head_dim: int) -> list[triton.Config]:
     if head_dim == 128:
         return _configs([(32, 32, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2)])
     blocks = [(64, 32, 4, 3), (64, 64, 4, 2), (128, 64, 4, 3), (128, 32, 4, 3)]
-    return _configs(blocks) + _register_capped(blocks, FWD_REGISTER_CAPS)
+    return _configs(blocks)
 
 
 @functools.cache
@@ -128,7 +128,7 @@ def _dq_configs(head_dim: int) -> list[triton.Config]:
     else:
         blocks = [(64, 32, 4, 3, 2), (64, 64, 4, 2, 2), (64, 32, 4, 2, 2), (128, 32, 4, 3, 2), (64, 32, 4, 3, 1),
                   (64, 64, 4, 2, 1)]
-    return _configs(blocks, "ROWS") + _register_capped(blocks, DQ_REGISTER_CAPS, "ROWS")
+    return _configs(blocks, "ROWS")
 
 
 @functools.cache
@@ -146,28 +146,9 @@ def _dkdv_configs(head_dim: int) -> list[triton.Config]:
     return _configs([(*b, prefetch) for prefetch, chosen in levels for b in chosen], "PREFETCH")
 
 
-# Register caps (maxnreg) that buy a CTA per SM for few or no spills, offline for sm_90 with Triton 3.6 (D = 32,
-# tools/lab/kernel_resources.py): the forward 64 x 32, 3 stages: 100 -> 80 registers, five -> six CTAs, no spills;
-# dQ, one row, 64 x 32, 3 stages: 168 -> 128, three -> four CTAs, 5 spilled accesses in the loop; dbias 64 x 64,
-# 1 stage: 230 -> 168, two -> three CTAs, 5 in the loop. Candidates only: the autotuner keeps them where they
-# measure faster. Keys: (BLOCK_J, BLOCK_K, warps, stages[, ROWS]); dbias: (warps, stages).
-FWD_REGISTER_CAPS = {(64, 32, 4, 3): 80}
-DQ_REGISTER_CAPS = {(64, 32, 4, 3, 1): 128}
-DBIAS_REGISTER_CAPS = {(4, 1): 168}
-
-
-def _register_capped(blocks, caps: dict, *names: str) -> list[triton.Config]:
-    """The candidates of ``blocks`` that ``caps`` names, once more under their register cap."""
-    return [triton.Config({"BLOCK_J": bj, "BLOCK_K": bk, **dict(zip(names, rest))}, num_warps=w, num_stages=s,
-                          maxnreg=caps[(bj, bk, w, s, *rest)])
-            for bj, bk, w, s, *rest in blocks if (bj, bk, w, s, *rest) in caps]
-
-
 @functools.cache
 def _dbias_configs() -> list[triton.Config]:
-    configs = [triton.Config({}, num_warps=w, num_stages=s) for w, s in ((4, 1), (4, 2), (4, 3), (8, 1), (8, 2))]
-    return configs + [triton.Config({}, num_warps=w, num_stages=s, maxnreg=cap)
-                      for (w, s), cap in DBIAS_REGISTER_CAPS.items()]
+    return [triton.Config({}, num_warps=w, num_stages=s) for w, s in ((4, 1), (4, 2), (4, 3), (8, 1), (8, 2))]
 
 
 _tuned: dict[str, object] = {}

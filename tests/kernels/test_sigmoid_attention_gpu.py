@@ -99,8 +99,8 @@ def test_bitwise_repeat():
                                                    ("varlen", 64, torch.bfloat16, False),
                                                    ("dense", 32, torch.float32, True)])
 def test_backward_from_stored_scores(layout, D, dtype, causal):
-    """The Triton kernels' stored-scores backward, every head in one chunk and one head per chunk: float64 holds, the chunks agree
-    bit for bit, o, dk and dv equal the recomputing backward's bit for bit."""
+    """The Triton kernels' stored-scores backward, every head in one chunk and one head per chunk: float64 holds,
+    the chunks agree bit for bit, o, dk and dv equal the recomputing backward's bit for bit."""
     lens_q = varlen_lengths(4, 1, 1500, seed=D) if layout != "dense" else [1500] * 2
     lens_k = lens_q if causal or layout == "dense" else varlen_lengths(4, 1, 1500, seed=D + 1)
     H = 3

@@ -549,19 +549,3 @@ def test_every_autotune_candidate_of_the_dkdv_kernel(D):
             got = run(triangle_attention, q, k, v, bias, mask, do, backend="triton")
         for name, g, r in zip(("o", "dq", "dk", "dv", "dbias"), got, ref):
             assert rel_err(g, r) < TOLERANCE[torch.float32], (c, name)
-
-
-def test_register_caps_are_extra_candidates_of_configs_the_autotuner_has():
-    """Each register cap adds a copy of an existing candidate (same tiles, warps and stages) with maxnreg set, so
-    the autotuner weighs the cap against the uncapped kernel; a cap naming no candidate would be dropped silently."""
-    from mini_of3.kernels.triangle_attention_host import (DBIAS_REGISTER_CAPS, DQ_REGISTER_CAPS, FWD_REGISTER_CAPS,
-                                                          _dbias_configs, _dq_configs, _fwd_configs)
-
-    def plain(c):
-        return (tuple(sorted(c.kwargs.items())), c.num_warps, c.num_stages)
-    for configs, caps in ((_fwd_configs(32), FWD_REGISTER_CAPS), (_dq_configs(32), DQ_REGISTER_CAPS),
-                          (_dbias_configs(), DBIAS_REGISTER_CAPS)):
-        capped = [c for c in configs if c.maxnreg is not None]
-        assert sorted(c.maxnreg for c in capped) == sorted(caps.values())
-        uncapped = {plain(c) for c in configs if c.maxnreg is None}
-        assert all(plain(c) in uncapped for c in capped)

@@ -45,8 +45,7 @@ from mini_of3.kernels import sigmoid_attention_kernels as SK  # noqa: E402
 from mini_of3.kernels import transition_kernels as TK  # noqa: E402
 from mini_of3.kernels import triangle_attention_kernels as K  # noqa: E402
 from mini_of3.kernels.sigmoid_attention_host import DEFAULT_TILES  # noqa: E402
-from mini_of3.kernels.triangle_attention_host import (_dbias_configs, _dkdv_configs, _dq_configs,  # noqa: E402
-                                                      _fwd_configs)
+from mini_of3.kernels.triangle_attention_host import _dkdv_configs, _dq_configs, _fwd_configs  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 SMEM_PER_SM, SMEM_PER_CTA = 228 * 1024, 1024   # sm_90: shared memory per SM, and what the system reserves per CTA
@@ -122,11 +121,6 @@ def resources(compiled) -> dict:
             "ctas_per_sm_by_smem": SMEM_PER_SM // (compiled.metadata.shared + SMEM_PER_CTA)}
 
 
-def _cap(config) -> str:
-    """' <=N' for an autotuning candidate under a register cap of N (maxnreg), else ''."""
-    return f" <={config.maxnreg}" if config.maxnreg else ""
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kernel", choices=("fwd", "dq", "dkdv", "dbias", "all", "transition", "sigmoid",
@@ -149,11 +143,11 @@ def main() -> None:
     jobs = []   # the default backward: the forward (lse, p unsplit), dQ (exact delta), dK/dV, dbias
     if args.kernel in ("fwd", "all"):
         for c in _fwd_configs(d):
-            jobs.append((f"fwd{_cap(c)}", K._fwd, dict(common, STORE_LSE=True, **c.kwargs), c.num_warps,
+            jobs.append(("fwd", K._fwd, dict(common, STORE_LSE=True, **c.kwargs), c.num_warps,
                          c.num_stages, c.maxnreg))
     if args.kernel in ("dq", "all"):
         for c in _dq_configs(d):
-            jobs.append((f"dq r{c.kwargs['ROWS']}{_cap(c)}", K._bwd_dq, dict(common, SPLIT_DS=True, **c.kwargs),
+            jobs.append((f"dq r{c.kwargs['ROWS']}", K._bwd_dq, dict(common, SPLIT_DS=True, **c.kwargs),
                          c.num_warps, c.num_stages, c.maxnreg))
     if args.kernel in ("dkdv", "all"):
         for c in _dkdv_configs(d):
@@ -161,10 +155,6 @@ def main() -> None:
             jobs.append((name, K._bwd_dkdv, dict(common, SPLIT_DS=True, **c.kwargs), c.num_warps, c.num_stages))
     if args.kernel in ("dbias", "all"):
         block = 64 if d <= 64 else 32
-        for c in _dbias_configs():
-            if c.maxnreg:   # the capped autotuning candidates; the uncapped ones are among the tiles below
-                jobs.append((f"dbias{_cap(c)}", K._bwd_dbias, dict(common, BLOCK_J=block, BLOCK_K=block), c.num_warps,
-                             c.num_stages, c.maxnreg))
         tiles = [(block, block, 4, 1), (block, block, 4, 2), (block, block, 4, 3), (block, block, 8, 2)]
         if d <= 32:   # wider tiles: fewer q, k, v, dO bytes per score
             tiles += [(128, 64, 8, 2), (64, 128, 8, 2), (128, 128, 8, 2)]
