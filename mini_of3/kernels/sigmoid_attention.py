@@ -7,8 +7,8 @@ the autograd-wired custom ops.
 
 o_i = sum_k sigmoid(scale q_i . k_k + b) v_k over the valid keys of each sequence (softmax replaced by an
 elementwise sigmoid, no normaliser), b = -log(number of valid keys) unless ``sigmoid_bias`` is given. The kernels
-are in sigmoid_attention_kernels.py (their docstring gives the launch order and the cost model), launched by
-sigmoid_attention_host.py (tiles); the forward and backward are ``torch.library`` custom ops with fake
+are in sigmoid_attention_kernels.py (their docstring gives the launch order and the cost model) and, for Hopper,
+sigmoid_attention_hopper.py, launched by sigmoid_attention_host.py (tiles); the forward and backward are ``torch.library`` custom ops with fake
 implementations, so torch.compile treats them as opaque.
 """
 from __future__ import annotations
@@ -275,9 +275,11 @@ def sigmoid_attention(
         o: q's shape and dtype, contiguous. A query that sees no key gives zeros, never NaN. The kernels' o and
         gradients repeat bit for bit between runs (no atomics).
     The lengths are checked on the host (one copy of S + 1 ints) except under torch.compile or CUDA-graph capture.
-    Memory: the forward keeps nothing beyond q, k, v; at D = 128 the backward takes a workspace of up to 2 GiB for
-    the scores' gradient (faster: 5 products per score instead of 7); ``with sigmoid_tiles(scores_budget=0)`` turns
-    it off (sigmoid_attention_host.Tiles).
+    Memory: the forward keeps nothing beyond q, k, v; at D = 128 the Triton backward takes a workspace of up to 2
+    GiB for the scores' gradient (faster: 5 products per score instead of 7); ``with sigmoid_tiles(scores_budget=0)``
+    turns it off (sigmoid_attention_host.Tiles). On sm_90, 16-bit calls at D = 128 without a causal mask, dense or
+    packed, run on Gluon kernels instead (sigmoid_attention_hopper.py; no workspace; ``sigmoid_tiles(hopper=0)``:
+    the Triton kernels).
     """
     if backend not in BACKENDS:
         _fail(f"backend must be one of {BACKENDS}, got {backend!r}")
