@@ -30,9 +30,9 @@ class Tiles:
     evaluation (sigmoid_attention_kernels.py: "exact", "rcp", "tanh"), the bytes of dS^T workspace the
     backward may take to read dq from stored scores (0: it recomputes them) and the forward's registers per thread
     at most in the padded and packed layouts (0: the compiler's choice; dense calls never cap: under a cap ptxas
-    takes more registers than it chooses alone, at the same occupancy). hopper: calls that sigmoid_attention_hopper
-    applies to (sm_90, 16-bit, D = 128, no causal mask, dense or packed) run on its Gluon kernels (0: the Triton
-    kernels), with the forward's key tile (0: 128 dense, 64 packed), its ring's stages, the backward's tile (rows
+    takes more registers than it chooses alone, at the same occupancy). hopper=1: calls that
+    sigmoid_attention_hopper applies to (sm_90, 16-bit, D = 128, no causal mask, dense or packed) run on its Gluon
+    kernels (0, the default until a GPU run has checked them: the Triton kernels), with the forward's key tile (0: 128 dense, 64 packed), its ring's stages, the backward's tile (rows
     kept and rows ringed alike) and stages."""
     fwd_block_m: int
     fwd_block_n: int
@@ -53,7 +53,7 @@ class Tiles:
     dqs_warps: int = 4
     dqs_stages: int = 3
     fwd_registers: int = 0
-    hopper: int = 1
+    hopper: int = 0
     hopper_fwd_block_n: int = 0
     hopper_fwd_stages: int = 3
     hopper_bwd_block: int = 64

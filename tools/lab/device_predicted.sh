@@ -26,8 +26,8 @@
 #           beside our Triton forward, dense T = 16384 and the packed batch, D = 128)
 #   gluonbwd  tools/lab/gluon_sigmoid_bwd.py (Gluon dK/dV and dQ kernels beside Triton's, same shapes)
 #   hopper  the GPU tests of the Gluon kernels of sigmoid_attention_hopper.py, then bench sigmoid at T = 16384,
-#           D = 128 and the packed batch: ours with tanh on the Gluon kernels and on the Triton ones (+hopper=0),
-#           ours with rcp, TritonSigmoid (MINI_OF3_SIGMOID_SHAPES, MINI_OF3_SIGMOID_IMPLS)
+#           D = 128 and the packed batch: ours with tanh on the Gluon kernels (+hopper=1) and on the Triton ones,
+#           ours with rcp on the Gluon kernels, TritonSigmoid (MINI_OF3_SIGMOID_SHAPES, MINI_OF3_SIGMOID_IMPLS)
 #   MINI_OF3_COMMIT=<hash> bash tools/lab/device_predicted.sh [STEPS]      (default padded,step,tanh,padstep,gluon)
 # Carry .whl (anchors: cueq, TritonSigmoid) and .device (prepared entries). Writes $OUT/<step>.log and the benches'
 # JSON/PNG; prints each step's table last.
@@ -94,7 +94,7 @@ RI=mini_of3_tanh,mini_of3_tanh+fwd_registers=0,mini_of3,mini_of3+fwd_registers=0
   tests/kernels/test_sigmoid_attention_gpu.py -k "${MINI_OF3_HOPPER_TESTS:-hopper}"
 [[ ,$steps, == *,hopper,* ]] && run_step hopper 400 python3 -m mini_of3.bench sigmoid --err-heads 1 --reps 10 \
   --shapes ${MINI_OF3_SIGMOID_SHAPES:-b1t16384d128,varlen16d128} \
-  --impls ${MINI_OF3_SIGMOID_IMPLS:-mini_of3_tanh,mini_of3_tanh+hopper=0,mini_of3,triton_sigmoid} --out $OUT \
+  --impls ${MINI_OF3_SIGMOID_IMPLS:-mini_of3_tanh+hopper=1,mini_of3_tanh,mini_of3+hopper=1,triton_sigmoid} --out $OUT \
   --tag hopper_$MINI_OF3_COMMIT
 [[ ,$steps, == *,gluonsig,* ]] && run_step gluonsig 240 python3 tools/lab/gluon_sigmoid_fwd.py
 [[ ,$steps, == *,gluonbwd,* ]] && run_step gluonbwd 240 python3 tools/lab/gluon_sigmoid_bwd.py
