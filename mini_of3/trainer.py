@@ -13,7 +13,6 @@ import math
 import os
 import time
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
