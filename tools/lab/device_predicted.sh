@@ -28,6 +28,9 @@
 #   hopper  the GPU tests of the Gluon kernels of sigmoid_attention_hopper.py, then bench sigmoid at T = 16384,
 #           D = 128 and the packed batch: ours with tanh on the Gluon kernels (+hopper=1) and on the Triton ones,
 #           ours with rcp on the Gluon kernels, TritonSigmoid (MINI_OF3_SIGMOID_SHAPES, MINI_OF3_SIGMOID_IMPLS)
+#   hoppertable  bench sigmoid at the five shapes of issue 41 and the packed batch: ours with tanh and rcp on the
+#           Gluon kernels (+hopper=1; the D = 64 shapes run the Triton kernels either way), ours with tanh on the
+#           Triton kernels, TritonSigmoid, cuDNN (the README's table)
 #   MINI_OF3_COMMIT=<hash> bash tools/lab/device_predicted.sh [STEPS]      (default padded,step,tanh,padstep,gluon)
 # Carry .whl (anchors: cueq, TritonSigmoid) and .device (prepared entries). Writes $OUT/<step>.log and the benches'
 # JSON/PNG; prints each step's table last.
@@ -96,9 +99,12 @@ RI=mini_of3_tanh,mini_of3_tanh+fwd_registers=0,mini_of3,mini_of3+fwd_registers=0
   --shapes ${MINI_OF3_SIGMOID_SHAPES:-b1t16384d128,varlen16d128} \
   --impls ${MINI_OF3_SIGMOID_IMPLS:-mini_of3_tanh+hopper=1,mini_of3_tanh,mini_of3+hopper=1,triton_sigmoid} --out $OUT \
   --tag hopper_$MINI_OF3_COMMIT
+[[ ,$steps, == *,hoppertable,* ]] && run_step hoppertable 560 python3 -m mini_of3.bench sigmoid --err-heads 1 \
+  --reps 10 --impls mini_of3_tanh+hopper=1,mini_of3+hopper=1,mini_of3_tanh,triton_sigmoid,cudnn --out $OUT \
+  --tag hoppertable_$MINI_OF3_COMMIT
 [[ ,$steps, == *,gluonsig,* ]] && run_step gluonsig 240 python3 tools/lab/gluon_sigmoid_fwd.py
 [[ ,$steps, == *,gluonbwd,* ]] && run_step gluonbwd 240 python3 tools/lab/gluon_sigmoid_bwd.py
-for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm varlendiag1 varlendiag8 varlendiag16 registerstest registers1 registers16 hoppertest hopper gluonsig gluonbwd; do
+for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm varlendiag1 varlendiag8 varlendiag16 registerstest registers1 registers16 hoppertest hopper hoppertable gluonsig gluonbwd; do
   [ -f $OUT/$name.log ] && { echo "== $name"; grep -v -i 'warn' $OUT/$name.log | tail -12; }
 done
 echo "($SECONDS s in all)"
