@@ -31,6 +31,8 @@
 #   hoppertable  bench sigmoid at the five shapes of issue 41 and the packed batch: ours with tanh and rcp on the
 #           Gluon kernels (+hopper=1; the D = 64 shapes run the Triton kernels either way), ours with tanh on the
 #           Triton kernels, TritonSigmoid, cuDNN (the README's table)
+#   hoppersweep  the Gluon kernels' tiles on the packed batch and T = 16384 (tanh): the defaults, 3 backward stages,
+#           128-key forward tiles on the packed batch, 2 forward stages (no float64 check)
 #   MINI_OF3_COMMIT=<hash> bash tools/lab/device_predicted.sh [STEPS]      (default padded,step,tanh,padstep,gluon)
 # Carry .whl (anchors: cueq, TritonSigmoid) and .device (prepared entries). Writes $OUT/<step>.log and the benches'
 # JSON/PNG; prints each step's table last.
@@ -102,9 +104,13 @@ RI=mini_of3_tanh,mini_of3_tanh+fwd_registers=0,mini_of3,mini_of3+fwd_registers=0
 [[ ,$steps, == *,hoppertable,* ]] && run_step hoppertable 560 python3 -m mini_of3.bench sigmoid --err-heads 1 \
   --reps 10 --impls mini_of3_tanh+hopper=1,mini_of3+hopper=1,mini_of3_tanh,triton_sigmoid,cudnn --out $OUT \
   --tag hoppertable_$MINI_OF3_COMMIT
+HT=mini_of3_tanh+hopper=1
+[[ ,$steps, == *,hoppersweep,* ]] && run_step hoppersweep 400 python3 -m mini_of3.bench sigmoid --err-heads 0 \
+  --reps 10 --shapes varlen16d128,b1t16384d128 --out $OUT --tag hoppersweep_$MINI_OF3_COMMIT \
+  --impls $HT,$HT+hopper_bwd_stages=3,$HT+hopper_fwd_block_n=128,$HT+hopper_fwd_block_n=64,$HT+hopper_fwd_stages=2
 [[ ,$steps, == *,gluonsig,* ]] && run_step gluonsig 240 python3 tools/lab/gluon_sigmoid_fwd.py
 [[ ,$steps, == *,gluonbwd,* ]] && run_step gluonbwd 240 python3 tools/lab/gluon_sigmoid_bwd.py
-for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm varlendiag1 varlendiag8 varlendiag16 registerstest registers1 registers16 hoppertest hopper hoppertable gluonsig gluonbwd; do
+for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm varlendiag1 varlendiag8 varlendiag16 registerstest registers1 registers16 hoppertest hopper hoppertable hoppersweep gluonsig gluonbwd; do
   [ -f $OUT/$name.log ] && { echo "== $name"; grep -v -i 'warn' $OUT/$name.log | tail -12; }
 done
 echo "($SECONDS s in all)"
