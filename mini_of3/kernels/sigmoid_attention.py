@@ -8,8 +8,8 @@ the autograd-wired custom ops.
 o_i = sum_k sigmoid(scale q_i . k_k + b) v_k over the valid keys of each sequence (softmax replaced by an
 elementwise sigmoid, no normaliser), b = -log(number of valid keys) unless ``sigmoid_bias`` is given. The kernels
 are in sigmoid_attention_kernels.py (their docstring gives the launch order and the cost model) and, for Hopper,
-sigmoid_attention_hopper.py, launched by sigmoid_attention_host.py (tiles); the forward and backward are ``torch.library`` custom ops with fake
-implementations, so torch.compile treats them as opaque.
+sigmoid_attention_hopper.py, launched by sigmoid_attention_host.py (tiles); the forward and backward are
+``torch.library`` custom ops with fake implementations, so torch.compile treats them as opaque.
 """
 from __future__ import annotations
 

@@ -15,6 +15,10 @@ Four kernels over the same math, one program per (query tile, row bih):
   producer partition; "ready" and "empty" mbarriers per slot hand tiles between them.
 - `attn_fwd_ws2`: two consumer warpgroups (default + a 4-warp worker, 2 * BM queries per program) read one
   K/V ring, so each K/V tile is loaded once for both; "empty" waits for both consumers. No ping-pong ordering yet.
+- `attn_fwd_ws2_overlap`: the structure of the shipped sigmoid forward (mini_of3/kernels/sigmoid_attention_hopper.py,
+  694 against 536 TFLOP/s of its Triton forward at D = 128): two consumer warpgroups, a producer warp filling one
+  ring with K, V and the bf16 bias tile of both (the model's bias dtype), S of the next key tile issued before the
+  softmax of this one, the last tile masked after the loop.
 
 Each runs at the tilings of `VARIANTS` (BM query rows per warpgroup, BN keys per stage, NS stages).
 
@@ -281,6 +285,95 @@ def attn_fwd_ws2(q_desc, k_desc, v_desc, bias_ptr, o_ptr, J, I, H, qk_scale,
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
+# ---- kernel 4: two consumer warpgroups, K, V and the 16-bit bias through one TMA ring, intra-warpgroup overlap ----
+
+
+@gluon.jit
+def _overlap_producer(k_desc, v_desc, b_desc, k_ring, v_ring, b_ring, ready, empty, J, I, H, BM: gl.constexpr,
+                      BN: gl.constexpr, NS: gl.constexpr):
+    """One warp: per key tile, K and V of the row and the [2 BM, BN] bias tile of both consumers' queries."""
+    bih, m0, q_row, bias_off = _tile_coords(J, I, H, BM, 2, 0)
+    b_row = (bih // (I * H) * H + bih % H) * J + m0
+    nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes + b_desc.block_type.nbytes
+    for t in range(gl.cdiv(J, BN)):
+        slot = t % NS
+        mbarrier.wait(empty.index(slot), ((t // NS) & 1) ^ 1)
+        mbarrier.expect(ready.index(slot), nbytes)
+        tma.async_copy_global_to_shared(k_desc, [q_row + t * BN, 0], ready.index(slot), k_ring.index(slot))
+        tma.async_copy_global_to_shared(v_desc, [q_row + t * BN, 0], ready.index(slot), v_ring.index(slot))
+        tma.async_copy_global_to_shared(b_desc, [b_row, t * BN], ready.index(slot), b_ring.index(slot))
+
+
+@gluon.jit
+def _softmax_tile(s, b_slot, n0, J, qk_scale, m_i, l_i, acc, BM: gl.constexpr, BN: gl.constexpr,
+                  WG: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, MASKED: gl.constexpr):
+    """Scores of one tile in base 2 with this warpgroup's half of the bias tile, then the running softmax."""
+    bias = b_slot.slice(WG * BM, BM, dim=0).load(s_layout).to(gl.float32)
+    s = s * qk_scale + bias * 1.4426950408889634
+    if MASKED:
+        cols = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+        s = gl.where(cols[None, :] < J, s, float("-inf"))
+    return _online_softmax(s, m_i, l_i, acc, o_layout)
+
+
+@gluon.jit
+def _overlap_consumer(q_smem, q_bar, k_ring, v_ring, b_ring, ready, empty, o_ptr, J, I, H, qk_scale, q_desc,
+                      BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, NS: gl.constexpr, WG: gl.constexpr):
+    """Consumer warpgroup WG of 2: S of key tile t + 1 goes to the tensor cores before the softmax of tile t (as the
+    shipped sigmoid forward); the last tile is masked after the loop."""
+    s_layout: gl.constexpr = mma_layout(BN, 4)
+    o_layout: gl.constexpr = mma_layout(D, 4)
+    bih, m0, q_row, bias_off = _tile_coords(J, I, H, BM, 2, WG)
+    load_tile(q_desc, q_row + m0, 0, q_smem, q_bar)
+    m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BM, D], gl.float32, o_layout)
+    n_tiles = gl.cdiv(J, BN)
+    mbarrier.wait(ready.index(0), 0)
+    s = warpgroup_mma(q_smem, k_ring.index(0).permute((1, 0)), gl.zeros([BM, BN], gl.float32, s_layout),
+                      use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    for t in range(n_tiles - 1):
+        slot = t % NS
+        nxt = (t + 1) % NS
+        mbarrier.wait(ready.index(nxt), ((t + 1) // NS) & 1)
+        s_next = warpgroup_mma(q_smem, k_ring.index(nxt).permute((1, 0)), gl.zeros([BM, BN], gl.float32, s_layout),
+                               use_acc=False, is_async=True)
+        p, m_i, l_i, acc = _softmax_tile(s, b_ring.index(slot), t * BN, J, qk_scale, m_i, l_i, acc, BM, BN, WG,
+                                         s_layout, o_layout, False)
+        p_op = gl.convert_layout(p, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+        acc = warpgroup_mma(p_op, v_ring.index(slot), acc, is_async=True)
+        s, acc = warpgroup_mma_wait(0, deps=(s_next, acc))
+        mbarrier.arrive(empty.index(slot))
+    last = n_tiles - 1
+    p, m_i, l_i, acc = _softmax_tile(s, b_ring.index(last % NS), last * BN, J, qk_scale, m_i, l_i, acc, BM, BN, WG,
+                                     s_layout, o_layout, True)
+    acc = _pv(p, v_ring.index(last % NS), acc, o_layout)
+    mbarrier.arrive(empty.index(last % NS))
+    _store_o(o_ptr, acc, l_i, q_row, m0, J, BM, D, o_layout)
+
+
+@gluon.jit
+def attn_fwd_ws2_overlap(q_desc, k_desc, v_desc, b_desc, o_ptr, J, I, H, qk_scale, NS: gl.constexpr,
+                         PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """The structure of the shipped sigmoid forward (sigmoid_attention_hopper._fwd) with the online softmax and the
+    bias: two consumer warpgroups on 2 BM queries of one row, a producer warp filling one ring with K, V and the
+    bias tile (bf16, the model's dtype: linear_channels_first under autocast) of both."""
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    D: gl.constexpr = q_desc.block_type.shape[1]
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    q0, k_ring, v_ring, bar0, ready, empty = _alloc(q_desc, k_desc, NS, 2)
+    q1, bar1 = alloc_tile(q_desc)
+    b_ring = gl.allocate_shared_memory(b_desc.dtype, [NS] + b_desc.block_type.shape, b_desc.layout)
+    gl.warp_specialize([
+        (_overlap_consumer, (q0, bar0, k_ring, v_ring, b_ring, ready, empty, o_ptr, J, I, H, qk_scale, q_desc,
+                             BM, BN, D, NS, 0)),
+        (_overlap_consumer, (q1, bar1, k_ring, v_ring, b_ring, ready, empty, o_ptr, J, I, H, qk_scale, q_desc,
+                             BM, BN, D, NS, 1)),
+        (_overlap_producer, (k_desc, v_desc, b_desc, k_ring, v_ring, b_ring, ready, empty, J, I, H, BM, BN, NS)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
 # ---- host side -------------------------------------------------------------------------------------------------
 
 
@@ -302,6 +395,14 @@ class Variant:
     def bias_by_tma(self) -> bool:
         return "b_desc" in self.kernel.arg_names
 
+    @property
+    def bias_tile(self) -> tuple[list[int], object]:
+        """(shape, dtype) of the TMA bias tile: bf16 [2 BM, BN] for the two-warpgroup overlap kernel, else fp32
+        [BM, BN]."""
+        if self.kernel is attn_fwd_ws2_overlap:
+            return [self.n_wg * self.bm, self.bn], gl.bfloat16
+        return [self.bm, self.bn], gl.float32
+
 
 VARIANTS = [                                 # the last may hang on the GPU: see its comment
     Variant(attn_fwd_pipelined, 128, 64, 3),
@@ -311,6 +412,10 @@ VARIANTS = [                                 # the last may hang on the GPU: see
     Variant(attn_fwd_tma_bias, 128, 32, 3),
     Variant(attn_fwd_ws, 128, 64, 3, (("PRODUCER_REGS", 24), )),
     Variant(attn_fwd_ws2, 128, 64, 3, (("PRODUCER_REGS", 24), ("CONSUMER_REGS", 240)), 2),
+    Variant(attn_fwd_ws2_overlap, 64, 64, 3, (("PRODUCER_REGS", 24), ("CONSUMER_REGS", 240)), 2),
+    Variant(attn_fwd_ws2_overlap, 128, 64, 2, (("PRODUCER_REGS", 24), ("CONSUMER_REGS", 240)), 2),
+    # a 128 x 128 bf16 bias tile is 256 B a row: two copies per tile (both emitted, 6 TMA copies in the PTX)
+    Variant(attn_fwd_ws2_overlap, 64, 128, 3, (("PRODUCER_REGS", 24), ("CONSUMER_REGS", 240)), 2),
     # a 64 x 64 fp32 bias tile is 256 B a row, twice the 128-B swizzle: the compiler sets the descriptor's box to
     # 64 x 32 and emits one copy per tile, so the barrier may wait for bytes that never come
     Variant(attn_fwd_tma_bias, 64, 64, 3),
@@ -322,7 +427,8 @@ def _signature(v: Variant) -> tuple[dict, dict]:
         "q_desc": f"tensordesc<bf16[{v.bm}, {HEAD_D}],{shared_layout([v.bm, HEAD_D])!r}>",
         "k_desc": f"tensordesc<bf16[{v.bn}, {HEAD_D}],{shared_layout([v.bn, HEAD_D])!r}>",
         "v_desc": f"tensordesc<bf16[{v.bn}, {HEAD_D}],{shared_layout([v.bn, HEAD_D])!r}>",
-        "b_desc": f"tensordesc<fp32[{v.bm}, {v.bn}],{shared_layout([v.bm, v.bn], gl.float32)!r}>",
+        "b_desc": (f"tensordesc<{'bf16' if v.bias_tile[1] == gl.bfloat16 else 'fp32'}{v.bias_tile[0]},"
+                   f"{shared_layout(*v.bias_tile)!r}>"),
         "bias_ptr": "*fp32", "o_ptr": "*bf16", "J": "i32", "I": "i32", "H": "i32", "qk_scale": "fp32",
     }
     constexprs = {"NS": v.ns, "num_warps": NUM_WARPS, **dict(v.extra)}
@@ -348,8 +454,9 @@ def gluon_launcher(v: Variant, q, k, v_, bias, I: int, H: int):
                       for x in (k, v_))
     first = (q_desc, k_desc, v_desc)
     if v.bias_by_tma:
-        b_layout = shared_layout([v.bm, v.bn], gl.float32)
-        first += (TensorDescriptor.from_tensor(bias.reshape(-1, J), [v.bm, v.bn], b_layout),)
+        shape, dtype = v.bias_tile
+        b = bias.to(torch.bfloat16) if dtype == gl.bfloat16 else bias
+        first += (TensorDescriptor.from_tensor(b.reshape(-1, J), shape, shared_layout(shape, dtype)),)
     else:
         first += (bias,)
     grid = (triton.cdiv(J, v.n_wg * v.bm), bih)
@@ -410,7 +517,8 @@ def _time_ms(fn, reps: int = 20) -> float:
 def run_gpu(B: int = 1, I: int = 256, H: int = 4, J: int = 256) -> None:
     torch.manual_seed(0)
     q, k, v = (torch.randn(B * I * H, J, HEAD_D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    bias = torch.randn(B * H, J, J, device="cuda", dtype=torch.float32)
+    bias = torch.randn(B * H, J, J, device="cuda").to(torch.bfloat16).float()   # bf16 values: every kernel's bias
+                                                                                   # (fp32 or bf16) holds them exactly
     ref = reference_fp64(q, k, v, bias, I, H)
     print(f"B={B} I={I} H={H} J={J} D={HEAD_D} (device ms per call, CUDA graph of 20 calls)")
     rows = [("sdpa (bias bf16, expanded)", lambda: _sdpa(q, k, v, bias, I, H)),
