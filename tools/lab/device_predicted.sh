@@ -22,9 +22,6 @@
 #           16-sequence batch
 #   registers  the GPU tests of the packed layout, then bench sigmoid with the forward's register cap (the default
 #           168 at D = 128) against none, on one packed sequence of 16384 beside b1t16384 and on the 16-sequence batch
-#   gluonsig  tools/lab/gluon_sigmoid_fwd.py (Gluon sigmoid forwards with TMA, wgmma and warp specialization
-#           beside our Triton forward, dense T = 16384 and the packed batch, D = 128)
-#   gluonbwd  tools/lab/gluon_sigmoid_bwd.py (Gluon dK/dV and dQ kernels beside Triton's, same shapes)
 #   hopper  the GPU tests of the Gluon kernels of sigmoid_attention_hopper.py, then bench sigmoid at T = 16384,
 #           D = 128 and the packed batch: ours with tanh on the Gluon kernels (+hopper=1) and on the Triton ones,
 #           ours with rcp on the Gluon kernels, TritonSigmoid (MINI_OF3_SIGMOID_SHAPES, MINI_OF3_SIGMOID_IMPLS)
@@ -108,9 +105,7 @@ HT=mini_of3_tanh+hopper=1
 [[ ,$steps, == *,hoppersweep,* ]] && run_step hoppersweep 400 python3 -m mini_of3.bench sigmoid --err-heads 0 \
   --reps 10 --shapes varlen16d128,b1t16384d128 --out $OUT --tag hoppersweep_$MINI_OF3_COMMIT \
   --impls $HT,$HT+hopper_bwd_stages=3,$HT+hopper_fwd_block_n=128,$HT+hopper_fwd_block_n=64,$HT+hopper_fwd_stages=2
-[[ ,$steps, == *,gluonsig,* ]] && run_step gluonsig 240 python3 tools/lab/gluon_sigmoid_fwd.py
-[[ ,$steps, == *,gluonbwd,* ]] && run_step gluonbwd 240 python3 tools/lab/gluon_sigmoid_bwd.py
-for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm varlendiag1 varlendiag8 varlendiag16 registerstest registers1 registers16 hoppertest hopper hoppertable hoppersweep gluonsig gluonbwd; do
+for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm varlendiag1 varlendiag8 varlendiag16 registerstest registers1 registers16 hoppertest hopper hoppertable hoppersweep; do
   [ -f $OUT/$name.log ] && { echo "== $name"; grep -v -i 'warn' $OUT/$name.log | tail -12; }
 done
 echo "($SECONDS s in all)"

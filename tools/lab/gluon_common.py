@@ -1,7 +1,7 @@
 """What the Gluon (Triton 3.6) lab probes share: the sm_90 target, the wgmma accumulator layout, the shared-memory
 layout of a TMA tile, the offline compile with register/spill figures from the wheel's ptxas, and the kernels'
-TMA loads and shared-memory rings. Imported by gluon_tri_attn_fwd.py,
-gluon_sigmoid_fwd.py and gluon_sigmoid_bwd.py (run from the repository root: tools/lab is their sys.path[0])."""
+TMA loads and shared-memory rings. Imported by gluon_tri_attn_fwd.py (run from the repository root: tools/lab is
+its sys.path[0]); the sigmoid probes that used it became mini_of3/kernels/sigmoid_attention_hopper.py."""
 from __future__ import annotations
 
 import re
