@@ -45,6 +45,7 @@ def test_sigmoid_bench_writes_rows_and_a_plot(tmp_path, capsys):
             assert ours["fwd_ms"] > 0 and ours["fwdbwd_ms"] > 0 and ours["tflops_fwd"] > 0 and ours["dtype"] == "bf16"
             assert set(ours["err"]) == {"o", "dq", "dk", "dv"} and max(ours["err"].values()) < 1e-2
             assert ours["bitwise"] is True and ours["err_heads"] == 1
+            assert ours["kernels"] == "triton"          # D = 32 (and the CPU): never the Gluon kernels
         if not torch.cuda.is_available():   # on a CPU the others cannot run: their rows say why
             assert "error" in rows["cudnn", shape]
     assert rows["mini_of3", "varlen3d32c"]["layout"] == "varlen" and rows["mini_of3", "varlen3d32c"]["causal"]

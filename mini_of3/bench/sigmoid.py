@@ -43,6 +43,7 @@ import torch
 from mini_of3.bench.common import (elapsed_ms, package_versions, print_table, result_header, time_in_rounds,
                                    write_json)
 from mini_of3.kernels import sigmoid_attention
+from mini_of3.kernels import sigmoid_attention_hopper as hopper
 from mini_of3.kernels.sigmoid_attention_host import SIGMOID_VARIANTS, current_tiles, sigmoid_tiles
 
 IMPLS = ("mini_of3", "mini_of3_tanh", "triton_sigmoid", "cudnn", "flash")
@@ -327,10 +328,20 @@ def prepare_arms(shape: Shape, names: list[str], sets: list[dict], args) -> tupl
                 arm.fwd(r)
                 arm.fwdbwd(r)
             arms.append(arm)
+            if name.startswith("mini_of3"):
+                row["kernels"] = kernels_of(impl, sets[0], shape)
         except Exception as err:
             _fail(row, err)
         print(f"{shape.name} {name}: ready in {time.time() - t0:.0f} s", flush=True)
     return rows, arms
+
+
+def kernels_of(impl: Impl, inputs: dict, shape: Shape) -> str:
+    """Which kernels ours run at this shape: "gluon" (sigmoid_attention_hopper.py) or "triton"."""
+    with tiles_of(impl):
+        tiles = current_tiles(shape.D, inputs["q"].dtype)
+    layout = "dense" if shape.dense else "varlen"
+    return "gluon" if hopper.applies(inputs["q"], inputs["k"], layout, shape.causal, tiles) else "triton"
 
 
 def time_interleaved(arms: list[Arm], device: torch.device, reps: int) -> None:

@@ -1,7 +1,7 @@
 """The shape of the kernel room (mini_of3/kernels/), read from the source with ``ast``.
 
 Each op ``<op>`` has ``<op>.py`` (public function, checks, custom ops), and may have ``<op>_host.py`` (tiles and
-launchers) and ``<op>_kernels.py`` (Triton kernels). Shared by all: ``host.py`` (host-side helpers), ``primitives.py``
+launchers), ``<op>_kernels.py`` (Triton kernels) and ``<op>_hopper.py`` (Gluon kernels for sm_90 with their launch). Shared by all: ``host.py`` (host-side helpers), ``primitives.py``
 (device-side helpers) and ``reference.py`` (the float64-capable references). An op's modules import only the shared
 modules and their own op's modules; no module imports another module's private name (leading underscore) except
 from its own op; the shared modules import no op; the kernels modules import only triton and ``primitives``.
@@ -16,7 +16,7 @@ import pytest
 ROOM = Path(__file__).resolve().parents[2] / "mini_of3" / "kernels"
 PACKAGE = "mini_of3.kernels"
 SHARED = {"host", "primitives", "reference"}
-ROLES = ("_host", "_kernels")
+ROLES = ("_host", "_kernels", "_hopper")
 
 
 def op_of(module: str) -> str | None:
