@@ -5,7 +5,7 @@
     backward(do, q, k, v, seq_q, seq_k, bias, layout, max_q, max_k, scale, bias_value, tiles) -> dq, dk, dv
 
 The same function as sigmoid_attention_kernels.py (o_i = sum_k sigmoid(scale q_i.k_k + b) v_k, b per sequence and
-head), for the calls that are most of the work: 16-bit inputs, D = 128, no causal mask, dense or packed varlen;
+head), for the calls that are most of the work: 16-bit inputs, D = 64 or 128, no causal mask, dense or packed varlen;
 taken under ``sigmoid_tiles(hopper=1)`` (Tiles.hopper).
 Every kernel runs one program per 2 x 64 rows of one head of one sequence, with three partitions:
 
@@ -43,7 +43,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mini_of3.kernels.host import allocate, interpreting
 
-HEAD_DIM = 128
+HEAD_DIMS = (64, 128)
 NUM_WARPS = 4                                  # the default partition: consumer warpgroup 0; the workers
                                                # (warp_specialize): consumer warpgroup 1 (4 warps, 240 registers),
                                                # the producer (1 warp, 24 registers)
@@ -402,11 +402,11 @@ def _is_sm90(device_index: int) -> bool:
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, layout: str, causal: bool, tiles) -> bool:
-    """Whether a call runs on these kernels: Tiles.hopper on, an sm_90 GPU, 16-bit inputs at D = 128, no causal
-    mask, the dense or packed layout, some queries and keys, the "rcp" or "tanh" evaluation (else: the Triton
+    """Whether a call runs on these kernels: Tiles.hopper on, an sm_90 GPU, 16-bit inputs at D = 64 or 128, no
+    causal mask, the dense or packed layout, some queries and keys, the "rcp" or "tanh" evaluation (else: the Triton
     kernels)."""
     return bool(tiles.hopper and q.is_cuda and not interpreting() and q.dtype in (torch.bfloat16, torch.float16)
-                and q.shape[-1] == HEAD_DIM and not causal and layout in ("dense", "varlen")
+                and q.shape[-1] in HEAD_DIMS and not causal and layout in ("dense", "varlen")
                 and q.numel() > 0 and k.numel() > 0 and tiles.sigmoid in ("rcp", "tanh")
                 and _is_sm90(q.device.index if q.device.index is not None else torch.cuda.current_device()))
 
@@ -423,16 +423,14 @@ def sequence_tables(q: torch.Tensor, k: torch.Tensor, seq_q, seq_k, layout: str
     return seq_q, seq_k, torch.argsort(scores, descending=True, stable=True).to(torch.int32)
 
 
-def _tokens(t: torch.Tensor) -> torch.Tensor:
-    """The 2-D view [tokens, H * D] that the TMA descriptors read (contiguous, 16-byte aligned)."""
+def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """TMA descriptor of [rows, D] tiles of t [..., H, D] through its 2-D view [tokens, H * D] (made contiguous and
+    16-byte aligned first where it is not)."""
     t = t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.contiguous()
-    return t.view(-1, t.shape[-2] * t.shape[-1])
-
-
-def _descriptor(t2d: torch.Tensor, rows: int) -> TensorDescriptor:
-    block = [rows, HEAD_DIM]
-    dtype = gl.bfloat16 if t2d.dtype == torch.bfloat16 else gl.float16
-    return TensorDescriptor.from_tensor(t2d, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
+    block = [rows, t.shape[-1]]
+    dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
+    return TensorDescriptor.from_tensor(t.view(-1, t.shape[-2] * t.shape[-1]), block,
+                                        gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
 def _bias_args(bias, bias_value, q: torch.Tensor) -> tuple:
@@ -456,9 +454,8 @@ def forward(q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: int, sc
     bias_args, kind = _bias_args(bias, bias_value, q)
     H = q.shape[-2]
     _fwd[_grid(max_q, 64, H, order.numel())](
-        _descriptor(_tokens(q), 64), _descriptor(_tokens(k), block_n), _descriptor(_tokens(v), block_n), o, cu_q,
-        cu_k, order, *bias_args, H, scale, NS=tiles.hopper_fwd_stages, BIAS_KIND=kind,
-        TANH=tiles.sigmoid == "tanh", num_warps=NUM_WARPS)
+        _descriptor(q, 64), _descriptor(k, block_n), _descriptor(v, block_n), o, cu_q, cu_k, order, *bias_args, H,
+        scale, NS=tiles.hopper_fwd_stages, BIAS_KIND=kind, TANH=tiles.sigmoid == "tanh", num_warps=NUM_WARPS)
     return o
 
 
@@ -472,8 +469,7 @@ def backward(do, q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: in
     block = tiles.hopper_bwd_block
     bias_args, kind = _bias_args(bias, bias_value, q)
     H, n_seq = q.shape[-2], order.numel()
-    q2, k2, v2, do2 = (_tokens(t) for t in (q, k, v, do))
-    q_desc, k_desc, v_desc, do_desc = (_descriptor(t, block) for t in (q2, k2, v2, do2))
+    q_desc, k_desc, v_desc, do_desc = (_descriptor(t, block) for t in (q, k, v, do))
     flags = dict(NS=tiles.hopper_bwd_stages, BIAS_KIND=kind, TANH=tiles.sigmoid == "tanh", num_warps=NUM_WARPS)
     _dkdv[_grid(max_k, block, H, n_seq)](q_desc, k_desc, v_desc, do_desc, dk, dv, cu_q, cu_k, order, *bias_args,
                                          H, scale, **flags)

@@ -31,8 +31,8 @@ class Tiles:
     backward may take to read dq from stored scores (0: it recomputes them) and the forward's registers per thread
     at most in the padded and packed layouts (0: the compiler's choice; dense calls never cap: under a cap ptxas
     takes more registers than it chooses alone, at the same occupancy). hopper=1: calls that
-    sigmoid_attention_hopper applies to (sm_90, 16-bit, D = 128, no causal mask, dense or packed) run on its Gluon
-    kernels (0, the default until a GPU run has checked them: the Triton kernels), with the forward's key tile
+    sigmoid_attention_hopper applies to (sm_90, 16-bit, D = 64 or 128, no causal mask, dense or packed) run on its
+    Gluon kernels (0, the default until a GPU run has checked them: the Triton kernels), with the forward's key tile
     (0: 128 dense, 64 packed), its ring's stages, the backward's tile (rows kept and rows ringed alike) and
     stages."""
     fwd_block_m: int

@@ -1,8 +1,9 @@
 """The shape of the kernel room (mini_of3/kernels/), read from the source with ``ast``.
 
 Each op ``<op>`` has ``<op>.py`` (public function, checks, custom ops), and may have ``<op>_host.py`` (tiles and
-launchers), ``<op>_kernels.py`` (Triton kernels) and ``<op>_hopper.py`` (Gluon kernels for sm_90 with their launch). Shared by all: ``host.py`` (host-side helpers), ``primitives.py``
-(device-side helpers) and ``reference.py`` (the float64-capable references). An op's modules import only the shared
+launchers), ``<op>_kernels.py`` (Triton kernels) and ``<op>_hopper.py`` (Gluon kernels for sm_90, their launch).
+Shared by all: ``host.py`` (host-side helpers), ``primitives.py`` (device-side helpers) and ``reference.py`` (the
+float64-capable references). An op's modules import only the shared
 modules and their own op's modules; no module imports another module's private name (leading underscore) except
 from its own op; the shared modules import no op; the kernels modules import only triton and ``primitives``.
 """

@@ -144,34 +144,37 @@ HOPPER_LAYOUTS = {     # (lengths of the queries, of the keys): odd sizes, an em
 }
 
 
-def hopper_case(layout: str, dtype, H: int = 3, seed: int = 0):
-    """(q, k, v, do, kwargs) of a HOPPER_LAYOUTS case at D = 128."""
+def hopper_case(layout: str, dtype, H: int = 3, seed: int = 0, D: int = 128):
+    """(q, k, v, do, kwargs) of a HOPPER_LAYOUTS case."""
     lens_q, lens_k = HOPPER_LAYOUTS[layout]
     if layout.startswith("dense"):
-        q, k, v, do = make_inputs((len(lens_q), lens_q[0], H, 128), (len(lens_k), lens_k[0], H, 128), dtype, seed)
+        q, k, v, do = make_inputs((len(lens_q), lens_q[0], H, D), (len(lens_k), lens_k[0], H, D), dtype, seed)
         return q, k, v, do, {}
-    q, k, v, do = make_inputs((sum(lens_q), H, 128), (sum(lens_k), H, 128), dtype, seed)
+    q, k, v, do = make_inputs((sum(lens_q), H, D), (sum(lens_k), H, D), dtype, seed)
     return q, k, v, do, dict(cu_seqlens_q=cumulative(lens_q), cu_seqlens_k=cumulative(lens_k),
                              max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
 
 
 @sm90
 @pytest.mark.parametrize("layout", list(HOPPER_LAYOUTS))
-@pytest.mark.parametrize("dtype,variant,bias", [(torch.bfloat16, "rcp", None), (torch.float16, "tanh", None),
-                                                (torch.bfloat16, "tanh", -2.5), (torch.float16, "rcp", "per head")])
-def test_hopper_kernels_match_float64_and_the_triton_kernels(layout, dtype, variant, bias):
+@pytest.mark.parametrize("D,dtype,variant,bias", [(128, torch.bfloat16, "rcp", None),
+                                                  (128, torch.float16, "tanh", None),
+                                                  (128, torch.bfloat16, "tanh", -2.5),
+                                                  (128, torch.float16, "rcp", "per head"),
+                                                  (64, torch.bfloat16, "rcp", None), (64, torch.float16, "tanh", -2.5)])
+def test_hopper_kernels_match_float64_and_the_triton_kernels(layout, D, dtype, variant, bias):
     """The Gluon kernels against float64: within the tolerance where the Triton kernels are (rcp), and no further
     from float64 than the Triton kernels with the same evaluation (tanh: its error near sigma ~ 0 dominates)."""
     from mini_of3.kernels import sigmoid_attention_hopper as hopper
     from mini_of3.kernels.sigmoid_attention_host import current_tiles
 
-    q, k, v, do, kw = hopper_case(layout, dtype, seed=len(layout))
+    q, k, v, do, kw = hopper_case(layout, dtype, seed=len(layout), D=D)
     if bias == "per head":
         bias = torch.tensor([-1.0, -4.0, -7.5], device=q.device)
     kw["sigmoid_bias"] = bias
     with sigmoid_tiles(sigmoid=variant, hopper=1):
         assert hopper.applies(q, k, "varlen" if "cu_seqlens_q" in kw else "dense", False,
-                              current_tiles(128, dtype))
+                              current_tiles(D, dtype))
         got = run(sigmoid_attention, q, k, v, do, **kw)
     with sigmoid_tiles(sigmoid=variant, hopper=0):
         triton_path = run(sigmoid_attention, q, k, v, do, **kw)

@@ -42,10 +42,11 @@ def test_sigmoid_evaluations_assemble_for_sm90(layout):
 
 
 @pytest.mark.skipif(not PTXAS.exists(), reason="Triton's ptxas is not installed")
-def test_hopper_sigmoid_kernels_assemble_for_sm90():
+@pytest.mark.parametrize("head_dim", ["64", "128"])
+def test_hopper_sigmoid_kernels_assemble_for_sm90(head_dim):
     """The Gluon kernels (sigmoid_attention_hopper.py) at their default tiles: wgmma, no spills, within an SM's
     shared memory, one special-function instruction per score with tanh and two with rcp."""
-    rows = compiled_rows("--kernel", "sigmoid_hopper", "--sigmoid", "rcp,tanh")
+    rows = compiled_rows("--kernel", "sigmoid_hopper", "--sigmoid", "rcp,tanh", "--head-dim", head_dim)
     for kernel in ("fwd", "fwd packed", "dkdv", "dq"):
         rcp, tanh = (rows[f"hopper {kernel} {variant}"] for variant in ("rcp", "tanh"))
         for row in (rcp, tanh):

@@ -21,8 +21,9 @@ machine's is 3.6, and its register allocation differs from 3.9's (the packed sig
                                          # sigmoid attention's kernels at their default tiles, dense, with the
                                          # special-function (MUFU) and branch instructions of each evaluation
     python tools/lab/kernel_resources.py --kernel sigmoid --head-dim 128 --layout varlen   # the packed layout
-    python tools/lab/kernel_resources.py --kernel sigmoid_hopper   # the Gluon kernels of sigmoid_attention_hopper.py
-                                         # at their default tiles (BJ, BK: rows kept, rows ringed per stage)
+    python tools/lab/kernel_resources.py --kernel sigmoid_hopper --head-dim 64   # sigmoid_attention_hopper.py's
+                                         # Gluon kernels at their default tiles (BJ, BK: rows kept, rows ringed
+                                         # per stage; D = 64 or 128)
 """
 from __future__ import annotations
 
@@ -83,15 +84,15 @@ def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, maxnre
                           options=options)
 
 
-def compile_hopper(fn, ringed: int, kept: int, stages: int, bias_kind: str, tanh: bool):
-    """Compile a Gluon kernel of sigmoid_attention_hopper.py for sm_90: bf16, D = 128, ``kept`` rows per consumer
-    warpgroup, ``ringed`` rows per ring stage."""
+def compile_hopper(fn, ringed: int, kept: int, stages: int, bias_kind: str, tanh: bool, head_dim: int = 128):
+    """Compile a Gluon kernel of sigmoid_attention_hopper.py for sm_90: bf16, ``kept`` rows per consumer warpgroup,
+    ``ringed`` rows per ring stage."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
     def descriptor(rows):
-        layout = gl.NVMMASharedLayout.get_default_for([rows, SH.HEAD_DIM], gl.bfloat16)
-        return f"tensordesc<bf16[{rows}, {SH.HEAD_DIM}],{layout!r}>"
+        layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.bfloat16)
+        return f"tensordesc<bf16[{rows}, {head_dim}],{layout!r}>"
     rows = {"fwd": dict(q_desc=kept, k_desc=ringed, v_desc=ringed),
             "dkdv": dict(q_desc=ringed, do_desc=ringed, k_desc=kept, v_desc=kept),
             "dq": dict(q_desc=kept, do_desc=kept, k_desc=ringed, v_desc=ringed)}[fn.__name__.lstrip("_")]
@@ -185,7 +186,8 @@ def main() -> None:
                                                           BLOCK_J=t.dqs_block_m, BLOCK_K=t.dqs_block_n),
                      t.dqs_warps, t.dqs_stages))
     if args.kernel == "sigmoid_hopper":   # warps: the default partition's (two more warpgroups' worth run beside)
-        t = DEFAULT_TILES[128]
+        d = d if d in SH.HEAD_DIMS else 128
+        t = DEFAULT_TILES[d]
         for variant in args.sigmoid.split(","):
             for name, fn, ringed, kept, stages in (("fwd", SH._fwd, 128, 64, t.hopper_fwd_stages),
                                                    ("fwd packed", SH._fwd, 64, 64, t.hopper_fwd_stages),
@@ -194,13 +196,14 @@ def main() -> None:
                                                    ("dq", SH._dq, t.hopper_bwd_block, t.hopper_bwd_block,
                                                     t.hopper_bwd_stages)):
                 jobs.append((f"hopper {name} {variant}", fn, dict(BLOCK_J=kept, BLOCK_K=ringed, ringed=ringed,
-                                                                  kept=kept, stages=stages, tanh=variant == "tanh"),
-                             SH.NUM_WARPS, stages))
+                                                                  kept=kept, stages=stages, tanh=variant == "tanh",
+                                                                  head_dim=d), SH.NUM_WARPS, stages))
     print(f"{'kernel':14s}{'BJ':>5s}{'BK':>5s}{'warps':>6s}{'stages':>7s}{'regs':>6s}{'CTA:reg':>8s}{':smem':>6s}"
           f"{'stack':>6s}{'LDL':>5s}{'STL':>5s}{'smem':>8s}  mma  {'MUFU':>5s}{'BRA':>5s}{'instr':>6s}")
     for name, fn, flags, warps, stages, *cap in jobs:   # cap: the launch's maxnreg, where it sets one
         if name.startswith("hopper"):
-            compiled = compile_hopper(fn, flags["ringed"], flags["kept"], stages, "keys", flags["tanh"])
+            compiled = compile_hopper(fn, flags["ringed"], flags["kept"], stages, "keys", flags["tanh"],
+                                      flags["head_dim"])
         else:
             compiled = compile_kernel(fn, {k: v for k, v in flags.items() if k in fn.arg_names}, warps, stages,
                                       cap[0] if cap and cap[0] else args.maxnreg)
