@@ -43,8 +43,7 @@ import torch
 from mini_of3.bench.common import (elapsed_ms, package_versions, print_table, result_header, time_in_rounds,
                                    write_json)
 from mini_of3.kernels import sigmoid_attention
-from mini_of3.kernels import sigmoid_attention_hopper as hopper
-from mini_of3.kernels.sigmoid_attention_host import SIGMOID_VARIANTS, current_tiles, sigmoid_tiles
+from mini_of3.kernels.sigmoid_attention_host import SIGMOID_VARIANTS, current_tiles, hopper, sigmoid_tiles
 
 IMPLS = ("mini_of3", "mini_of3_tanh", "triton_sigmoid", "cudnn", "flash")
 DEFAULT_SHAPES = "b4t4096d64,b1t16384d64,b4t4096d128,b1t16384d128,varlen16d128"
@@ -341,7 +340,8 @@ def kernels_of(impl: Impl, inputs: dict, shape: Shape) -> str:
     with tiles_of(impl):
         tiles = current_tiles(shape.D, inputs["q"].dtype)
     layout = "dense" if shape.dense else "varlen"
-    return "gluon" if hopper.applies(inputs["q"], inputs["k"], layout, shape.causal, tiles) else "triton"
+    gluon = hopper is not None and hopper.applies(inputs["q"], inputs["k"], layout, shape.causal, tiles)
+    return "gluon" if gluon else "triton"
 
 
 def time_interleaved(arms: list[Arm], device: torch.device, reps: int) -> None:

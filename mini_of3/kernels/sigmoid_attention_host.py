@@ -14,9 +14,13 @@ from dataclasses import dataclass
 
 import torch
 
-from mini_of3.kernels import sigmoid_attention_hopper as hopper
 from mini_of3.kernels import sigmoid_attention_kernels as K
 from mini_of3.kernels.host import TileOverride, allocate, interpreting, launch
+
+try:        # Gluon (triton.experimental.gluon) is in Triton 3.6 and later; older Triton runs the Triton kernels only
+    from mini_of3.kernels import sigmoid_attention_hopper as hopper
+except ImportError:
+    hopper = None
 
 SIGMOID_VARIANTS = ("exact", "rcp", "tanh")
 
@@ -133,7 +137,7 @@ def forward(q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: int, ca
             bias_value: float | None) -> torch.Tensor:
     """o (q's shape, contiguous) by _fwd (or sigmoid_attention_hopper's, where it applies)."""
     tiles = current_tiles(q.shape[-1], q.dtype)
-    if hopper.applies(q, k, layout, causal, tiles):
+    if hopper is not None and hopper.applies(q, k, layout, causal, tiles):
         return hopper.forward(q, k, v, seq_q, seq_k, bias, layout, max_q, max_k, scale, bias_value, tiles)
     o = allocate(q.shape, q.dtype, q.device)
     n_seq, (bias_ptr, sb_s, sb_h), flags = _common_args(q, k, seq_q, seq_k, bias, layout, causal, bias_value, tiles)
@@ -156,7 +160,7 @@ def backward(do, q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: in
     if do.stride(-1) != 1:
         do = do.contiguous()
     tiles = current_tiles(q.shape[-1], q.dtype)
-    if hopper.applies(q, k, layout, causal, tiles):
+    if hopper is not None and hopper.applies(q, k, layout, causal, tiles):
         return hopper.backward(do, q, k, v, seq_q, seq_k, bias, layout, max_q, max_k, scale, bias_value, tiles)
     n_seq, (bias_ptr, sb_s, sb_h), flags = _common_args(q, k, seq_q, seq_k, bias, layout, causal, bias_value, tiles)
     H = q.shape[-2]
