@@ -27,8 +27,8 @@ of each loop masks; a loop walks at least one tile, so an empty sequence gives z
 are launched longest first (an argsort on the device), so the short ones fill the last wave.
 
 Gluon is Triton's layout-explicit language (triton.experimental.gluon); these kernels compile with Triton 3.6 (the
-GPU image) and 3.9; the CPU interpreter cannot run them (tests/kernels/test_sigmoid_attention_hopper.py compiles
-them for sm_90 offline; the GPU tests check them against float64).
+GPU image) and 3.9; the CPU interpreter cannot run them: tests/kernels/test_sm90_compile.py compiles them for sm_90
+offline, tests/kernels/test_sigmoid_attention_gpu.py checks them against float64 and the Triton kernels.
 """
 from __future__ import annotations
 
