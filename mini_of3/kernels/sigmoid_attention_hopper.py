@@ -55,7 +55,7 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared 
 
 
 @gluon.constexpr_function
-def _mma_layout(block_n, num_warps):
+def mma_layout(block_n, num_warps):
     """wgmma accumulator layout for [rows, block_n] fp32, warps stacked along the rows."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, block_n, 16])
 
@@ -136,15 +136,16 @@ def _alloc_kept(desc):
 
 
 @gluon.jit
-def _alloc_ring(desc, NS: gl.constexpr):
-    """Two rings [NS, *block] of ``desc`` (K and V, or Q and dO) with 'ready' and 'empty' mbarriers per slot."""
+def alloc_ring(desc, NS: gl.constexpr, CONSUMERS: gl.constexpr = 2):
+    """Two rings [NS, *block] of ``desc`` (K and V, or Q and dO) with 'ready' and 'empty' mbarriers per slot; a
+    slot is empty once all CONSUMERS have arrived."""
     a = gl.allocate_shared_memory(desc.dtype, [NS] + desc.block_type.shape, desc.layout)
     b = gl.allocate_shared_memory(desc.dtype, [NS] + desc.block_type.shape, desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NS):
         mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2)                    # both consumers
+        mbarrier.init(empty.index(s), count=CONSUMERS)
     return a, b, ready, empty
 
 
@@ -187,8 +188,8 @@ def _fwd_consumer(q_kept, bar_kept, k_ring, v_ring, ready, empty, q_desc, o_ptr,
     while this tile's sigmoids are evaluated."""
     BM: gl.constexpr = q_desc.block_type.shape[0]
     D: gl.constexpr = q_desc.block_type.shape[1]
-    s_layout: gl.constexpr = _mma_layout(BN, 4)
-    o_layout: gl.constexpr = _mma_layout(D, 4)
+    s_layout: gl.constexpr = mma_layout(BN, 4)
+    o_layout: gl.constexpr = mma_layout(D, 4)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     seq, start_q, len_q, start_k, len_k, h, m0 = _sequence(cu_q, cu_k, order, BM, WG)
     q_smem = q_kept.index(WG)
@@ -232,7 +233,7 @@ def _fwd(q_desc, k_desc, v_desc, o_ptr, cu_q, cu_k, order, bias_ptr, sb_s, sb_h,
     bar_kept = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for w in gl.static_range(2):
         mbarrier.init(bar_kept.index(w), count=1)
-    k_ring, v_ring, ready, empty = _alloc_ring(k_desc, NS)
+    k_ring, v_ring, ready, empty = alloc_ring(k_desc, NS)
     gl.warp_specialize([
         (_fwd_consumer, (q_kept, bar_kept, k_ring, v_ring, ready, empty, q_desc, o_ptr, cu_q, cu_k, order, bias_ptr,
                          sb_s, sb_h, bias_value, H, scale, BN, NS, BIAS_KIND, TANH, 0)),
@@ -273,8 +274,8 @@ def _dkdv_consumer(k_kept, v_kept, bar_kept, q_ring, do_ring, ready, empty, k_de
     """Consumer WG: dK, dV of its BN keys over every query tile of the sequence."""
     BN: gl.constexpr = k_desc.block_type.shape[0]
     D: gl.constexpr = k_desc.block_type.shape[1]
-    st_layout: gl.constexpr = _mma_layout(BM, 4)
-    acc_layout: gl.constexpr = _mma_layout(D, 4)
+    st_layout: gl.constexpr = mma_layout(BM, 4)
+    acc_layout: gl.constexpr = mma_layout(D, 4)
     seq, start_q, len_q, start_k, len_k, h, n0 = _sequence(cu_q, cu_k, order, BN, WG)
     k_smem = k_kept.index(WG)
     v_smem = v_kept.index(WG)
@@ -309,7 +310,7 @@ def _dkdv(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, cu_q, cu_k, order, bi
     bar_kept = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for w in gl.static_range(2):
         mbarrier.init(bar_kept.index(w), count=1)
-    q_ring, do_ring, ready, empty = _alloc_ring(q_desc, NS)
+    q_ring, do_ring, ready, empty = alloc_ring(q_desc, NS)
     gl.warp_specialize([
         (_dkdv_consumer, (k_kept, v_kept, bar_kept, q_ring, do_ring, ready, empty, k_desc, v_desc, dk_ptr, dv_ptr,
                           cu_q, cu_k, order, bias_ptr, sb_s, sb_h, bias_value, H, scale, BM, NS, BIAS_KIND, TANH, 0)),
@@ -348,8 +349,8 @@ def _dq_consumer(q_kept, do_kept, bar_kept, k_ring, v_ring, ready, empty, q_desc
     """Consumer WG: dQ of its BM queries over every key tile of the sequence."""
     BM: gl.constexpr = q_desc.block_type.shape[0]
     D: gl.constexpr = q_desc.block_type.shape[1]
-    s_layout: gl.constexpr = _mma_layout(BN, 4)
-    acc_layout: gl.constexpr = _mma_layout(D, 4)
+    s_layout: gl.constexpr = mma_layout(BN, 4)
+    acc_layout: gl.constexpr = mma_layout(D, 4)
     seq, start_q, len_q, start_k, len_k, h, m0 = _sequence(cu_q, cu_k, order, BM, WG)
     q_smem = q_kept.index(WG)
     do_smem = do_kept.index(WG)
@@ -382,7 +383,7 @@ def _dq(q_desc, k_desc, v_desc, do_desc, dq_ptr, cu_q, cu_k, order, bias_ptr, sb
     bar_kept = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for w in gl.static_range(2):
         mbarrier.init(bar_kept.index(w), count=1)
-    k_ring, v_ring, ready, empty = _alloc_ring(k_desc, NS)
+    k_ring, v_ring, ready, empty = alloc_ring(k_desc, NS)
     gl.warp_specialize([
         (_dq_consumer, (q_kept, do_kept, bar_kept, k_ring, v_ring, ready, empty, q_desc, do_desc, dq_ptr, cu_q, cu_k,
                         order, bias_ptr, sb_s, sb_h, bias_value, H, scale, BN, NS, BIAS_KIND, TANH, 0)),

@@ -1,7 +1,8 @@
-"""What the Gluon (Triton 3.6) lab probes share: the sm_90 target, the wgmma accumulator layout, the shared-memory
-layout of a TMA tile, the offline compile with register/spill figures from the wheel's ptxas, and the kernels'
-TMA loads and shared-memory rings. Imported by gluon_tri_attn_fwd.py (run from the repository root: tools/lab is
-its sys.path[0]); the sigmoid probes that used it became mini_of3/kernels/sigmoid_attention_hopper.py."""
+"""What the Gluon (Triton 3.6) lab probes share: the sm_90 target, the shared-memory layout of a TMA tile, the
+offline compile with register/spill figures from the wheel's ptxas, and TMA loads of kept tiles and ring slots.
+Imported by gluon_tri_attn_fwd.py (run from the repository root: tools/lab is its sys.path[0]), which takes the
+wgmma layout and the shared-memory rings from mini_of3/kernels/sigmoid_attention_hopper.py (where the sigmoid
+probes that also used this module became shipped kernels)."""
 from __future__ import annotations
 
 import re
@@ -18,12 +19,6 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-
-
-@gluon.constexpr_function
-def mma_layout(block_n, num_warps):
-    """wgmma accumulator layout for [rows, block_n] fp32 with warps stacked along the rows."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, block_n, 16])
 
 
 def shared_layout(shape: list[int], dtype=gl.bfloat16):
@@ -77,16 +72,3 @@ def alloc_tile(desc):
     mbarrier.init(bar, count=1)
     return smem, bar
 
-
-@gluon.jit
-def alloc_rings(tile_desc, NS: gl.constexpr, N_CONSUMERS: gl.constexpr):
-    """Two rings [NS, *tile] (K and V, or Q and dO), a 'ready' barrier per slot (the loads' bytes) and an 'empty'
-    one (arrived on by each of N_CONSUMERS consumers)."""
-    a_ring = gl.allocate_shared_memory(tile_desc.dtype, [NS] + tile_desc.block_type.shape, tile_desc.layout)
-    b_ring = gl.allocate_shared_memory(tile_desc.dtype, [NS] + tile_desc.block_type.shape, tile_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(NS):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=N_CONSUMERS)
-    return a_ring, b_ring, ready, empty

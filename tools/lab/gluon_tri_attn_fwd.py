@@ -37,12 +37,13 @@ from dataclasses import dataclass
 
 import torch
 import triton
-from gluon_common import (alloc_rings, alloc_tile, compile_sm90, load_ring_pair, load_tile, mma_layout,
-                          shared_layout)
+from gluon_common import alloc_tile, compile_sm90, load_ring_pair, load_tile, shared_layout
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from mini_of3.kernels.sigmoid_attention_hopper import alloc_ring, mma_layout
 
 LOG2E = 1.4426950408889634
 HEAD_D = 32
@@ -139,7 +140,7 @@ def _consume(q_smem, k_ring, v_ring, ready, empty, bias_ptr, o_ptr, J, I, H, qk_
 def _alloc(q_desc, k_desc, NS: gl.constexpr, N_CONSUMERS: gl.constexpr = 1):
     """Shared memory: Q [BM, D] and its barrier, the K/V rings [NS, BN, D] with 'ready' and 'empty' per slot."""
     q_smem, q_bar = alloc_tile(q_desc)
-    k_ring, v_ring, ready, empty = alloc_rings(k_desc, NS, N_CONSUMERS)
+    k_ring, v_ring, ready, empty = alloc_ring(k_desc, NS, N_CONSUMERS)
     return q_smem, k_ring, v_ring, q_bar, ready, empty
 
 
