@@ -16,7 +16,8 @@ kernel; later calls of the key launch that compiled kernel directly (``CompiledK
 itself does). The key holds everything Triton specialises a kernel on, so that a key never maps to a kernel compiled
 for other arguments: each tensor's dtype and whether its data pointer is 16-byte aligned, every integer's exact value
 (which decides Triton's value-1, multiple-of-16 and 32/64-bit specialisations), the type of any other argument, the
-keyword arguments (constexprs, num_warps, num_stages) and the current device. Under the interpreter every call goes
+keyword arguments (constexprs, num_warps, num_stages) and the current device; a Gluon TMA descriptor by its
+dtype, block shape, shared layout and padding (the kernel's type for it; its base, shape and strides are runtime). Under the interpreter every call goes
 through the JIT (there is no compiled kernel).
 """
 from __future__ import annotations
@@ -54,6 +55,8 @@ def specialisation_key(kernel, args: tuple, kwargs: dict) -> tuple:
             spec.append((a.dtype, a.data_ptr() % 16 == 0))
         elif isinstance(a, int):      # bools included: their value
             spec.append(a)
+        elif hasattr(a, "block_shape") and hasattr(a, "layout"):   # a Gluon TMA descriptor: what its type names
+            spec.append((a.base.dtype, tuple(a.block_shape), repr(a.layout), a.padding))
         else:
             spec.append(type(a))
     return kernel, torch.cuda.current_device(), tuple(spec), tuple(kwargs.items())

@@ -5,7 +5,7 @@
     backward(do, q, k, v, seq_q, seq_k, bias, layout, max_q, max_k, scale, bias_value, tiles) -> dq, dk, dv
 
 The same function as sigmoid_attention_kernels.py (o_i = sum_k sigmoid(scale q_i.k_k + b) v_k, b per sequence and
-head), for the calls that are most of the work: 16-bit inputs, D = 64 or 128, no causal mask, dense or packed varlen;
+head), for the calls that are most of the work: 16-bit inputs, D = 128, no causal mask, dense or packed varlen;
 taken under ``sigmoid_tiles(hopper=1)`` (Tiles.hopper).
 Every kernel runs one program per 2 x 64 rows of one head of one sequence, with three partitions:
 
@@ -19,7 +19,12 @@ The kernels (one program: 128 rows; tiles through the ring: BLOCK rows each):
             (FlashAttention-3's intra-warpgroup overlap), then O += P V
     _dkdv   keys kept, Q/dO ringed: S^T = K Q^T and dP^T = V dO^T together, dV += P^T dO, dK += dS^T Q
     _dq     queries kept, K/V ringed: S = Q K^T and dP = dO V^T together, dQ += dS K (recomputed: no workspace)
-No atomics: every output row is written by one program, so o and the gradients repeat bit for bit.
+    _bwd    (Tiles.hopper_bwd_fused) _dkdv and _dq in one: dS^T goes to shared memory and dS K of each query tile
+            is added to a float32 dQ by atomic adds in a fixed order: warpgroup c of the tile's contributors (key
+            blocks in order) spins on the tile's counter until it reads 128 c, adds, and each thread adds 1 with
+            release semantics. Programs start in grid order, so the one waited for is resident or done.
+Every output row is written by one program (or, _bwd's dQ, summed in a fixed order), so o and the gradients repeat
+bit for bit.
 
 Tensors are read through TMA on their 2-D view [tokens, H * D]; a dense batch is the packed one with equal lengths.
 A tile that runs past its sequence reads the next sequence's tokens (or zeros past the tensor), which the last tile
@@ -38,12 +43,13 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from mini_of3.kernels.host import allocate, interpreting
+from mini_of3.kernels.host import allocate, interpreting, launch
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (128, )                             # D = 64: our Triton kernels are faster (H100)
 NUM_WARPS = 4                                  # the default partition: consumer warpgroup 0; the workers
                                                # (warp_specialize): consumer warpgroup 1 (4 warps, 240 registers),
                                                # the producer (1 warp, 24 registers)
@@ -321,6 +327,137 @@ def _dkdv(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, cu_q, cu_k, order, bi
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# backward in one kernel: dK, dV per key block, dQ added over the key blocks in a fixed order
+
+
+@gluon.jit
+def _wait_turn(lock_ptr, expected):
+    """Each thread of the warpgroup spins until the counter at lock_ptr reaches ``expected`` (acquire: what the
+    earlier contributors added before their release is visible after it); returns the value it saw."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    ptrs = lock_ptr + gl.zeros([128], gl.int32, layout)
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; SPIN: ld.acquire.gpu.global.s32 $0, [$1]; setp.lt.s32 p, $0, $2; @p bra SPIN; }",
+        "=r,l,r", [ptrs, gl.zeros([128], gl.int32, layout) + expected], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _pass_turn(lock_ptr, count):
+    """Each thread adds ``count`` (1, or 0 for a warpgroup that adds nothing) to the counter, after its own dQ
+    additions (release)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    gl.atomic_add(lock_ptr + gl.zeros([128], gl.int32, layout), gl.zeros([128], gl.int32, layout) + count,
+                  sem="release", scope="gpu")
+
+
+@gluon.jit
+def _bwd_tile(dk, dv, k_smem, v_smem, ds_smem, q_slot, do_slot, dq_acc, lock_ptr, expected, count, n0, len_k, m0,
+              len_q, mul, add, scale, BN: gl.constexpr, BM: gl.constexpr, st_layout: gl.constexpr,
+              acc_layout: gl.constexpr, TANH: gl.constexpr, MASKED: gl.constexpr, PARTS: gl.constexpr = 1):
+    """dk, dv [BN, D] + the query tile [m0, m0 + BM)'s contributions; its dQ contribution dS K [BM, D] added to the
+    float32 rows dq_acc + m0 * D once the previous contributor to the tile has passed the turn."""
+    D: gl.constexpr = k_smem.shape[1]
+    op_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    st = warpgroup_mma(k_smem, q_slot.permute((1, 0)), gl.zeros([BN, BM], gl.float32, st_layout), use_acc=False,
+                       is_async=True)
+    dpt = warpgroup_mma(v_smem, do_slot.permute((1, 0)), gl.zeros([BN, BM], gl.float32, st_layout), use_acc=False,
+                        is_async=True)
+    _wait_turn(lock_ptr, expected)                                           # while the two products run
+    st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
+    pt = _sigmoid(st * mul + add, TANH)                                                      # [BN, BM]
+    if MASKED:
+        pt = _below(pt, m0, len_q, 1, st_layout, BM)
+    dst = _below(dpt * pt * (1.0 - pt) * scale, n0, len_k, 0, st_layout, BN).to(q_slot.dtype)
+    ds_smem.store(dst)
+    fence_async_shared()
+    dv = warpgroup_mma(gl.convert_layout(pt.to(q_slot.dtype), op_a), do_slot, dv, is_async=True)
+    dk = warpgroup_mma(gl.convert_layout(dst, op_a), q_slot, dk, is_async=True)
+    dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
+    HALF: gl.constexpr = D // PARTS
+    half_layout: gl.constexpr = mma_layout(HALF, 4)
+    rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, half_layout))
+    cols = gl.arange(0, HALF, layout=gl.SliceLayout(0, half_layout))
+    for part in gl.static_range(PARTS):
+        dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem.slice(part * HALF, HALF, dim=1),
+                           gl.zeros([BM, HALF], gl.float32, half_layout), use_acc=False, is_async=True)
+        dq = warpgroup_mma_wait(0, deps=(dq, ))
+        ptrs = dq_acc + rows[:, None] * D + part * HALF + cols[None, :]
+        if MASKED:      # rows past the sequence; a warpgroup past its keys adds dS = 0 in full tiles (x + 0 = x)
+            gl.atomic_add(ptrs, dq, mask=(rows[:, None] < len_q) & (count > 0), sem="relaxed", scope="gpu")
+        else:
+            gl.atomic_add(ptrs, dq, sem="relaxed", scope="gpu")
+    _pass_turn(lock_ptr, count)
+    return dk, dv
+
+
+@gluon.jit
+def _bwd_consumer(k_kept, v_kept, ds_kept, bar_kept, q_ring, do_ring, ready, empty, k_desc, v_desc, dk_ptr, dv_ptr,
+                  dq_acc, locks, total_q, n_q_tiles, cu_q, cu_k, order, bias_ptr, sb_s, sb_h, bias_value, H, scale,
+                  BM: gl.constexpr, NS: gl.constexpr, BIAS_KIND: gl.constexpr, TANH: gl.constexpr,
+                  WG: gl.constexpr):
+    """Consumer WG: dK, dV of its BN keys over every query tile of the sequence, and their dQ contributions: this
+    warpgroup is contributor c = 2 program + WG of each query tile, which waits until the counter of the tile
+    reads 128 c (every thread of contributors 0 .. c - 1 has added its rows and passed the turn)."""
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    D: gl.constexpr = k_desc.block_type.shape[1]
+    st_layout: gl.constexpr = mma_layout(BM, 4)
+    acc_layout: gl.constexpr = mma_layout(D, 4)
+    seq, start_q, len_q, start_k, len_k, h, n0 = _sequence(cu_q, cu_k, order, BN, WG)
+    k_smem = k_kept.index(WG)
+    v_smem = v_kept.index(WG)
+    ds_smem = ds_kept.index(WG)
+    if n0 - WG * BN < len_k:
+        _load_kept(k_desc, v_desc, start_k + n0, h * D, k_smem, v_smem, bar_kept.index(WG))
+        mul, add = _coefficients(seq, h, len_k, bias_ptr, sb_s, sb_h, bias_value, scale, BIAS_KIND, TANH)
+        count = (n0 < len_k).to(gl.int32)                  # 0: the second warpgroup past the sequence's keys
+        expected = (gl.program_id(0) * 2 + WG) * 128 * count
+        dq_rows = dq_acc + (h.to(gl.int64) * total_q + start_q) * D              # [H, total_q, D] float32
+        lock_row = locks + (seq * H + h) * n_q_tiles
+        dk = gl.zeros([BN, D], gl.float32, acc_layout)
+        dv = gl.zeros([BN, D], gl.float32, acc_layout)
+        n_tiles = _ring_tiles(len_q, BM)
+        for t in range(n_tiles - 1):
+            slot = t % NS
+            mbarrier.wait(ready.index(slot), (t // NS) & 1)
+            dk, dv = _bwd_tile(dk, dv, k_smem, v_smem, ds_smem, q_ring.index(slot), do_ring.index(slot), dq_rows,
+                               lock_row + t, expected, count, n0, len_k, t * BM, len_q, mul, add, scale, BN, BM,
+                               st_layout, acc_layout, TANH, False)
+            mbarrier.arrive(empty.index(slot))
+        last = n_tiles - 1
+        mbarrier.wait(ready.index(last % NS), (last // NS) & 1)
+        dk, dv = _bwd_tile(dk, dv, k_smem, v_smem, ds_smem, q_ring.index(last % NS), do_ring.index(last % NS),
+                           dq_rows, lock_row + last, expected, count, n0, len_k, last * BM, len_q, mul, add, scale,
+                           BN, BM, st_layout, acc_layout, TANH, True)
+        mbarrier.arrive(empty.index(last % NS))
+        _store_rows(dk_ptr, dk, start_k, len_k, n0, h, H, BN, D, acc_layout)
+        _store_rows(dv_ptr, dv, start_k, len_k, n0, h, H, BN, D, acc_layout)
+
+
+@gluon.jit
+def _bwd(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, dq_acc, locks, total_q, n_q_tiles, cu_q, cu_k, order,
+         bias_ptr, sb_s, sb_h, bias_value, H, scale, NS: gl.constexpr, BIAS_KIND: gl.constexpr, TANH: gl.constexpr):
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    k_kept = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape, k_desc.layout)
+    v_kept = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape, k_desc.layout)
+    ds_kept = gl.allocate_shared_memory(k_desc.dtype, [2, BN, BM],
+                                        gl.NVMMASharedLayout.get_default_for([BN, BM], k_desc.dtype))
+    bar_kept = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for w in gl.static_range(2):
+        mbarrier.init(bar_kept.index(w), count=1)
+    q_ring, do_ring, ready, empty = alloc_ring(q_desc, NS)
+    gl.warp_specialize([
+        (_bwd_consumer, (k_kept, v_kept, ds_kept, bar_kept, q_ring, do_ring, ready, empty, k_desc, v_desc, dk_ptr,
+                         dv_ptr, dq_acc, locks, total_q, n_q_tiles, cu_q, cu_k, order, bias_ptr, sb_s, sb_h,
+                         bias_value, H, scale, BM, NS, BIAS_KIND, TANH, 0)),
+        (_bwd_consumer, (k_kept, v_kept, ds_kept, bar_kept, q_ring, do_ring, ready, empty, k_desc, v_desc, dk_ptr,
+                         dv_ptr, dq_acc, locks, total_q, n_q_tiles, cu_q, cu_k, order, bias_ptr, sb_s, sb_h,
+                         bias_value, H, scale, BM, NS, BIAS_KIND, TANH, 1)),
+        (_producer, (q_desc, do_desc, q_ring, do_ring, ready, empty, cu_q, cu_k, order, BN, False, NS)),
+    ], [4, 1], [240, 24])
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # backward: dQ per query block
 
 
@@ -403,7 +540,7 @@ def _is_sm90(device_index: int) -> bool:
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, layout: str, causal: bool, tiles) -> bool:
-    """Whether a call runs on these kernels: Tiles.hopper on, an sm_90 GPU, 16-bit inputs at D = 64 or 128, no
+    """Whether a call runs on these kernels: Tiles.hopper on, an sm_90 GPU, 16-bit inputs at D = 128, no
     causal mask, the dense or packed layout, some queries and keys, the "rcp" or "tanh" evaluation (else: the Triton
     kernels)."""
     return bool(tiles.hopper and q.is_cuda and not interpreting() and q.dtype in (torch.bfloat16, torch.float16)
@@ -454,15 +591,16 @@ def forward(q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: int, sc
     block_n = tiles.hopper_fwd_block_n or (128 if layout == "dense" else 64)
     bias_args, kind = _bias_args(bias, bias_value, q)
     H = q.shape[-2]
-    _fwd[_grid(max_q, 64, H, order.numel())](
-        _descriptor(q, 64), _descriptor(k, block_n), _descriptor(v, block_n), o, cu_q, cu_k, order, *bias_args, H,
-        scale, NS=tiles.hopper_fwd_stages, BIAS_KIND=kind, TANH=tiles.sigmoid == "tanh", num_warps=NUM_WARPS)
+    launch(_fwd, _grid(max_q, 64, H, order.numel()), _descriptor(q, 64), _descriptor(k, block_n),
+           _descriptor(v, block_n), o, cu_q, cu_k, order, *bias_args, H, scale, NS=tiles.hopper_fwd_stages,
+           BIAS_KIND=kind, TANH=tiles.sigmoid == "tanh", num_warps=NUM_WARPS)
     return o
 
 
 def backward(do, q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: int, scale: float,
              bias_value: float | None, tiles) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv (the inputs' shapes, contiguous) by _dkdv, then _dq."""
+    """dq, dk, dv (the inputs' shapes, contiguous) by _dkdv, then _dq; or (Tiles.hopper_bwd_fused) by _bwd into a
+    float32 dq [H, tokens, D], cast after."""
     dq = allocate(q.shape, q.dtype, q.device)
     dk = allocate(k.shape, k.dtype, k.device)
     dv = allocate(v.shape, v.dtype, v.device)
@@ -472,9 +610,19 @@ def backward(do, q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: in
     H, n_seq = q.shape[-2], order.numel()
     q_desc, k_desc, v_desc, do_desc = (_descriptor(t, block) for t in (q, k, v, do))
     flags = dict(NS=tiles.hopper_bwd_stages, BIAS_KIND=kind, TANH=tiles.sigmoid == "tanh", num_warps=NUM_WARPS)
-    _dkdv[_grid(max_k, block, H, n_seq)](q_desc, k_desc, v_desc, do_desc, dk, dv, cu_q, cu_k, order, *bias_args,
-                                         H, scale, **flags)
-    _dq[_grid(max_q, block, H, n_seq)](q_desc, k_desc, v_desc, do_desc, dq, cu_q, cu_k, order, *bias_args, H,
-                                       scale, **flags)
+    if tiles.hopper_bwd_fused:
+        D = q.shape[-1]
+        total_q = q.numel() // (H * D)
+        n_q_tiles = max(triton.cdiv(max_q, block), 1)
+        dq_acc = torch.zeros(H, total_q, D, dtype=torch.float32, device=q.device)
+        locks = torch.zeros(n_seq * H * n_q_tiles, dtype=torch.int32, device=q.device)
+        launch(_bwd, _grid(max_k, block, H, n_seq), q_desc, k_desc, v_desc, do_desc, dk, dv, dq_acc, locks, total_q,
+               n_q_tiles, cu_q, cu_k, order, *bias_args, H, scale, **flags)
+        dq.view(total_q, H, D).copy_(dq_acc.transpose(0, 1))
+        return dq, dk, dv
+    launch(_dkdv, _grid(max_k, block, H, n_seq), q_desc, k_desc, v_desc, do_desc, dk, dv, cu_q, cu_k, order,
+           *bias_args, H, scale, **flags)
+    launch(_dq, _grid(max_q, block, H, n_seq), q_desc, k_desc, v_desc, do_desc, dq, cu_q, cu_k, order, *bias_args,
+           H, scale, **flags)
     return dq, dk, dv
 

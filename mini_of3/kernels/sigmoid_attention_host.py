@@ -38,7 +38,8 @@ class Tiles:
     sigmoid_attention_hopper applies to (sm_90, 16-bit, D = 64 or 128, no causal mask, dense or packed) run on its
     Gluon kernels (0, the default until a GPU run has checked them: the Triton kernels), with the forward's key tile
     (0: 128 dense, 64 packed), its ring's stages, the backward's tile (rows kept and rows ringed alike) and
-    stages."""
+    stages, and whether the backward is one kernel (hopper_bwd_fused=1: dQ added over the key blocks in a fixed order,
+    sigmoid_attention_hopper._bwd) or two."""
     fwd_block_m: int
     fwd_block_n: int
     fwd_warps: int
@@ -63,6 +64,7 @@ class Tiles:
     hopper_fwd_stages: int = 3
     hopper_bwd_block: int = 64
     hopper_bwd_stages: int = 2
+    hopper_bwd_fused: int = 0
 
 
 # 16-bit inputs on the GPU, per head dim: the fastest of `python -m mini_of3.bench sigmoid --sweep` on an H100 at

@@ -83,6 +83,28 @@ def test_specialisations_are_kept_apart():
     assert len({id(entry[0]) for entry in host._compiled.values()}) == 6   # six kernels compiled by the JIT
 
 
+def test_descriptor_arguments_key_by_their_type(monkeypatch):
+    """A Gluon TMA descriptor keys by what its type holds (dtype, block shape, shared layout, padding) and not by
+    its base, shape or strides, which the kernel takes at run time."""
+    @dataclasses.dataclass
+    class Descriptor:
+        base: torch.Tensor
+        shape: list
+        strides: list
+        block_shape: list
+        layout: str
+        padding: str = "zero"
+
+    a, b = torch.zeros(64, 8), torch.zeros(128, 8, dtype=torch.bfloat16)
+    key = lambda *descriptors: host.specialisation_key(_axpy, descriptors, {})   # noqa: E731
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert key(Descriptor(a, [64, 8], [8, 1], [16, 8], "s")) == key(Descriptor(torch.ones(32, 8), [32, 8], [8, 1],
+                                                                               [16, 8], "s"))
+    for other in (Descriptor(a, [64, 8], [8, 1], [32, 8], "s"), Descriptor(a, [64, 8], [8, 1], [16, 8], "t"),
+                  Descriptor(b, [128, 8], [8, 1], [16, 8], "s"), Descriptor(a, [64, 8], [8, 1], [16, 8], "s", "nan")):
+        assert key(other) != key(Descriptor(a, [64, 8], [8, 1], [16, 8], "s"))
+
+
 # ---- tile overrides and the dispatch ----
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

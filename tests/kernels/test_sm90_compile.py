@@ -42,14 +42,15 @@ def test_sigmoid_evaluations_assemble_for_sm90(layout):
 
 
 @pytest.mark.skipif(not PTXAS.exists(), reason="Triton's ptxas is not installed")
-@pytest.mark.parametrize("head_dim", ["64", "128"])
-def test_hopper_sigmoid_kernels_assemble_for_sm90(head_dim):
-    """The Gluon kernels (sigmoid_attention_hopper.py) at their default tiles: wgmma, no spills, within an SM's
-    shared memory, one special-function instruction per score with tanh and two with rcp."""
-    rows = compiled_rows("--kernel", "sigmoid_hopper", "--sigmoid", "rcp,tanh", "--head-dim", head_dim)
-    for kernel in ("fwd", "fwd packed", "dkdv", "dq"):
+def test_hopper_sigmoid_kernels_assemble_for_sm90():
+    """The Gluon kernels (sigmoid_attention_hopper.py) at their default tiles: wgmma, within an SM's shared memory,
+    one special-function instruction per score with tanh and two with rcp; no spills but in the one-kernel
+    backward, whose loop holds dK, dV and a quarter of dQ (a few spilled scalars, no accumulator)."""
+    rows = compiled_rows("--kernel", "sigmoid_hopper", "--sigmoid", "rcp,tanh", "--head-dim", "128")
+    for kernel in ("fwd", "fwd packed", "dkdv", "dq", "bwd"):
         rcp, tanh = (rows[f"hopper {kernel} {variant}"] for variant in ("rcp", "tanh"))
         for row in (rcp, tanh):
-            assert row["mma"] == "HGMMA" and row["LDL"] == row["STL"] == "0", (kernel, row)
+            assert row["mma"] == "HGMMA", (kernel, row)
+            assert kernel == "bwd" or row["LDL"] == row["STL"] == "0", (kernel, row)
             assert int(row["smem"]) <= 227 * 1024, (kernel, row)
         assert 2 * int(tanh["MUFU"]) == int(rcp["MUFU"]), kernel

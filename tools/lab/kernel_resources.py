@@ -95,9 +95,11 @@ def compile_hopper(fn, ringed: int, kept: int, stages: int, bias_kind: str, tanh
         return f"tensordesc<bf16[{rows}, {head_dim}],{layout!r}>"
     rows = {"fwd": dict(q_desc=kept, k_desc=ringed, v_desc=ringed),
             "dkdv": dict(q_desc=ringed, do_desc=ringed, k_desc=kept, v_desc=kept),
+            "bwd": dict(q_desc=ringed, do_desc=ringed, k_desc=kept, v_desc=kept),
             "dq": dict(q_desc=kept, do_desc=kept, k_desc=ringed, v_desc=ringed)}[fn.__name__.lstrip("_")]
     types = dict(cu_q="*i32", cu_k="*i32", order="*i32", bias_ptr="*fp32", sb_s="i32", sb_h="i32", bias_value="fp32",
-                 H="i32", scale="fp32", **{name: descriptor(n) for name, n in rows.items()})
+                 H="i32", scale="fp32", dq_acc="*fp32", locks="*i32", total_q="i32", n_q_tiles="i32",
+                 **{name: descriptor(n) for name, n in rows.items()})
     signature = {name: types.get(name, "*bf16" if name.endswith("_ptr") else "constexpr") for name in fn.arg_names}
     constexprs = dict(NS=stages, BIAS_KIND=bias_kind, TANH=tanh)
     return triton.compile(GluonASTSource(fn, signature, constexprs), target=TARGET,
@@ -194,6 +196,8 @@ def main() -> None:
                                                    ("dkdv", SH._dkdv, t.hopper_bwd_block, t.hopper_bwd_block,
                                                     t.hopper_bwd_stages),
                                                    ("dq", SH._dq, t.hopper_bwd_block, t.hopper_bwd_block,
+                                                    t.hopper_bwd_stages),
+                                                   ("bwd", SH._bwd, t.hopper_bwd_block, t.hopper_bwd_block,
                                                     t.hopper_bwd_stages)):
                 jobs.append((f"hopper {name} {variant}", fn, dict(BLOCK_J=kept, BLOCK_K=ringed, ringed=ringed,
                                                                   kept=kept, stages=stages, tanh=variant == "tanh",
