@@ -32,7 +32,8 @@
 #           128-key forward tiles on the packed batch, 2 forward stages (no float64 check)
 #   fused  the GPU tests of the Gluon kernels (the two-kernel backward first, then the one-kernel backward under its
 #           own limit: a wrong turn-taking hangs), where each kernel's time goes (tools/lab/sigmoid_kernels_gpu.py),
-#           then bench sigmoid on the packed batch and T = 16384, D = 128: Gluon two-kernel and (if its tests passed)
+#           then bench sigmoid on the packed batch and T = 16384, D = 128 (MINI_OF3_SIGMOID_SHAPES): Gluon two-kernel and
+#           (if its tests passed)
 #           one-kernel backward, TritonSigmoid
 #   MINI_OF3_COMMIT=<hash> bash tools/lab/device_predicted.sh [STEPS]      (default padded,step,tanh,padstep,gluon)
 # Carry .whl (anchors: cueq, TritonSigmoid) and .device (prepared entries). Writes $OUT/<step>.log and the benches'
@@ -110,14 +111,15 @@ HT=mini_of3_tanh+hopper=1
   --reps 10 --shapes varlen16d128,b1t16384d128 --out $OUT --tag hoppersweep_$MINI_OF3_COMMIT \
   --impls $HT,$HT+hopper_bwd_stages=3,$HT+hopper_fwd_block_n=128,$HT+hopper_fwd_block_n=64,$HT+hopper_fwd_stages=2
 if [[ ,$steps, == *,fused,* ]]; then
-  run_step hoppertwo 120 python3 -m pytest -q -rf tests/kernels/test_sigmoid_attention_gpu.py -k "hopper and not fused"
-  run_step fusedtest 100 python3 -m pytest -q -rf tests/kernels/test_sigmoid_attention_gpu.py -k fused
+  run_step hoppertwo 80 python3 -m pytest -q -rf tests/kernels/test_sigmoid_attention_gpu.py -k "hopper and not fused"
+  run_step fusedtest 80 python3 -m pytest -q -rf tests/kernels/test_sigmoid_attention_gpu.py -k fused
   FUSED=$(grep -q " passed" $OUT/fusedtest.log && ! grep -q "failed\|error" $OUT/fusedtest.log \
           && echo ",mini_of3_tanh+hopper=1+hopper_bwd_fused=1")
   IMPLS_OPT=(); [[ -n $FUSED ]] || IMPLS_OPT=(--impls mini_of3_tanh+hopper=1,mini_of3_tanh)
   run_step kerneltimes 90 python3 tools/lab/sigmoid_kernels_gpu.py --shapes b1t16384d128,b4t4096d128,varlen16d128 \
     "${IMPLS_OPT[@]}"
-  run_step fusedbench 260 python3 -m mini_of3.bench sigmoid --err-heads 1 --reps 10 --shapes varlen16d128,b1t16384d128 \
+  run_step fusedbench 260 python3 -m mini_of3.bench sigmoid --err-heads 1 --reps 10 \
+    --shapes ${MINI_OF3_SIGMOID_SHAPES:-varlen16d128,b1t16384d128} \
     --impls mini_of3_tanh+hopper=1$FUSED,triton_sigmoid --out $OUT --tag fused_$MINI_OF3_COMMIT
 fi
 for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm varlendiag1 varlendiag8 varlendiag16 registerstest registers1 registers16 hoppertest hopper hoppertable hoppersweep hoppertwo fusedtest kerneltimes fusedbench; do
