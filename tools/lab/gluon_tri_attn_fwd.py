@@ -19,6 +19,8 @@ Four kernels over the same math, one program per (query tile, row bih):
   694 against 536 TFLOP/s of its Triton forward at D = 128): two consumer warpgroups, a producer warp filling one
   ring with K, V and the bf16 bias tile of both (the model's bias dtype), S of the next key tile issued before the
   softmax of this one, the last tile masked after the loop.
+- `attn_fwd_rows2`: the same with the two consumer warpgroups on rows i and i + 1 of one (b, h) at the same queries,
+  so that each bias tile serves two rows (half the bias bytes per score).
 
 Each runs at the tilings of `VARIANTS` (BM query rows per warpgroup, BN keys per stage, NS stages).
 
@@ -375,6 +377,101 @@ def attn_fwd_ws2_overlap(q_desc, k_desc, v_desc, b_desc, o_ptr, J, I, H, qk_scal
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
+# ---- kernel 5: the two consumer warpgroups on rows i and i + 1 of one (b, h), sharing each bias tile ---------------
+
+
+@gluon.jit
+def _pair_coords(I, H):
+    """-> (rows bih of the pair's first row, its (b, h) index): program_id(1) = (b * I / 2 + i / 2) * H + h."""
+    pair = gl.program_id(1)
+    h = pair % H
+    return 2 * pair - h, pair // ((I // 2) * H) * H + h
+
+
+@gluon.jit
+def _rows2_producer(k_desc, v_desc, b_desc, k_ring, v_ring, b_ring, ready, empty, J, I, H, BM: gl.constexpr,
+                    BN: gl.constexpr, NS: gl.constexpr):
+    """One warp: per key tile, K and V of both rows (ring slots [2, BN, D]) and the one [BM, BN] bias tile."""
+    bih0, bh = _pair_coords(I, H)
+    m0 = gl.program_id(0) * BM
+    nbytes: gl.constexpr = 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes + b_desc.block_type.nbytes
+    for t in range(gl.cdiv(J, BN)):
+        slot = t % NS
+        mbarrier.wait(empty.index(slot), ((t // NS) & 1) ^ 1)
+        mbarrier.expect(ready.index(slot), nbytes)
+        for r in gl.static_range(2):
+            row = (bih0 + r * H) * J + t * BN
+            tma.async_copy_global_to_shared(k_desc, [row, 0], ready.index(slot), k_ring.index(slot * 2 + r))
+            tma.async_copy_global_to_shared(v_desc, [row, 0], ready.index(slot), v_ring.index(slot * 2 + r))
+        tma.async_copy_global_to_shared(b_desc, [bh * J + m0, t * BN], ready.index(slot), b_ring.index(slot))
+
+
+@gluon.jit
+def _rows2_consumer(q_smem, q_bar, k_ring, v_ring, b_ring, ready, empty, o_ptr, J, I, H, qk_scale, q_desc,
+                    BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, NS: gl.constexpr, WG: gl.constexpr):
+    """Consumer warpgroup WG: the BM queries at m0 of row bih0 + WG H, with the overlap of kernel 4; the bias tile
+    of the slot is the other warpgroup's too."""
+    s_layout: gl.constexpr = mma_layout(BN, 4)
+    o_layout: gl.constexpr = mma_layout(D, 4)
+    bih0, bh = _pair_coords(I, H)
+    m0 = gl.program_id(0) * BM
+    q_row = (bih0 + WG * H) * J
+    load_tile(q_desc, q_row + m0, 0, q_smem, q_bar)
+    m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BM, D], gl.float32, o_layout)
+    n_tiles = gl.cdiv(J, BN)
+    mbarrier.wait(ready.index(0), 0)
+    s = warpgroup_mma(q_smem, k_ring.index(WG).permute((1, 0)), gl.zeros([BM, BN], gl.float32, s_layout),
+                      use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    for t in range(n_tiles - 1):
+        slot = t % NS
+        nxt = (t + 1) % NS
+        mbarrier.wait(ready.index(nxt), ((t + 1) // NS) & 1)
+        s_next = warpgroup_mma(q_smem, k_ring.index(nxt * 2 + WG).permute((1, 0)),
+                               gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
+        p, m_i, l_i, acc = _softmax_tile(s, b_ring.index(slot), t * BN, J, qk_scale, m_i, l_i, acc, BM, BN, 0,
+                                         s_layout, o_layout, False)
+        p_op = gl.convert_layout(p, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+        acc = warpgroup_mma(p_op, v_ring.index(slot * 2 + WG), acc, is_async=True)
+        s, acc = warpgroup_mma_wait(0, deps=(s_next, acc))
+        mbarrier.arrive(empty.index(slot))
+    last = n_tiles - 1
+    p, m_i, l_i, acc = _softmax_tile(s, b_ring.index(last % NS), last * BN, J, qk_scale, m_i, l_i, acc, BM, BN, 0,
+                                     s_layout, o_layout, True)
+    acc = _pv(p, v_ring.index((last % NS) * 2 + WG), acc, o_layout)
+    mbarrier.arrive(empty.index(last % NS))
+    _store_o(o_ptr, acc, l_i, q_row, m0, J, BM, D, o_layout)
+
+
+@gluon.jit
+def attn_fwd_rows2(q_desc, k_desc, v_desc, b_desc, o_ptr, J, I, H, qk_scale, NS: gl.constexpr,
+                   PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """Kernel 4 with the two consumer warpgroups on rows i and i + 1 (I even) of one (b, h) at the same BM queries:
+    each bf16 bias tile comes through the ring once for two rows, half of kernel 4's bias traffic per score."""
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    D: gl.constexpr = q_desc.block_type.shape[1]
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    q0, bar0 = alloc_tile(q_desc)
+    q1, bar1 = alloc_tile(q_desc)
+    k_ring = gl.allocate_shared_memory(k_desc.dtype, [2 * NS] + k_desc.block_type.shape, k_desc.layout)
+    v_ring = gl.allocate_shared_memory(v_desc.dtype, [2 * NS] + v_desc.block_type.shape, v_desc.layout)
+    b_ring = gl.allocate_shared_memory(b_desc.dtype, [NS] + b_desc.block_type.shape, b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(NS):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)
+    gl.warp_specialize([
+        (_rows2_consumer, (q0, bar0, k_ring, v_ring, b_ring, ready, empty, o_ptr, J, I, H, qk_scale, q_desc,
+                           BM, BN, D, NS, 0)),
+        (_rows2_consumer, (q1, bar1, k_ring, v_ring, b_ring, ready, empty, o_ptr, J, I, H, qk_scale, q_desc,
+                           BM, BN, D, NS, 1)),
+        (_rows2_producer, (k_desc, v_desc, b_desc, k_ring, v_ring, b_ring, ready, empty, J, I, H, BM, BN, NS)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
 # ---- host side -------------------------------------------------------------------------------------------------
 
 
@@ -402,6 +499,8 @@ class Variant:
         [BM, BN]."""
         if self.kernel is attn_fwd_ws2_overlap:
             return [self.n_wg * self.bm, self.bn], gl.bfloat16
+        if self.kernel is attn_fwd_rows2:
+            return [self.bm, self.bn], gl.bfloat16
         return [self.bm, self.bn], gl.float32
 
 
@@ -417,6 +516,9 @@ VARIANTS = [                                 # the last may hang on the GPU: see
     Variant(attn_fwd_ws2_overlap, 128, 64, 2, (("PRODUCER_REGS", 24), ("CONSUMER_REGS", 240)), 2),
     # a 128 x 128 bf16 bias tile is 256 B a row: two copies per tile (both emitted, 6 TMA copies in the PTX)
     Variant(attn_fwd_ws2_overlap, 64, 128, 3, (("PRODUCER_REGS", 24), ("CONSUMER_REGS", 240)), 2),
+    Variant(attn_fwd_rows2, 64, 64, 3, (("PRODUCER_REGS", 24), ("CONSUMER_REGS", 240)), 2),
+    Variant(attn_fwd_rows2, 128, 64, 2, (("PRODUCER_REGS", 24), ("CONSUMER_REGS", 240)), 2),
+    Variant(attn_fwd_rows2, 64, 128, 2, (("PRODUCER_REGS", 24), ("CONSUMER_REGS", 240)), 2),
     # a 64 x 64 fp32 bias tile is 256 B a row, twice the 128-B swizzle: the compiler sets the descriptor's box to
     # 64 x 32 and emits one copy per tile, so the barrier may wait for bytes that never come
     Variant(attn_fwd_tma_bias, 64, 64, 3),
@@ -460,7 +562,8 @@ def gluon_launcher(v: Variant, q, k, v_, bias, I: int, H: int):
         first += (TensorDescriptor.from_tensor(b.reshape(-1, J), shape, shared_layout(shape, dtype)),)
     else:
         first += (bias,)
-    grid = (triton.cdiv(J, v.n_wg * v.bm), bih)
+    grid = ((triton.cdiv(J, v.bm), bih // 2) if v.kernel is attn_fwd_rows2     # two rows of one (b, h) a program
+            else (triton.cdiv(J, v.n_wg * v.bm), bih))
     extra = dict(v.extra)
 
     def launch():
