@@ -35,6 +35,7 @@
 #           then bench sigmoid on the packed batch and T = 16384, D = 128 (MINI_OF3_SIGMOID_SHAPES): Gluon two-kernel and
 #           (if its tests passed)
 #           one-kernel backward, TritonSigmoid
+#   gluonlast  the gluon step, run after every other step
 #   MINI_OF3_COMMIT=<hash> bash tools/lab/device_predicted.sh [STEPS]      (default padded,step,tanh,padstep,gluon)
 # Carry .whl (anchors: cueq, TritonSigmoid) and .device (prepared entries). Writes $OUT/<step>.log and the benches'
 # JSON/PNG; prints each step's table last.
@@ -122,6 +123,7 @@ if [[ ,$steps, == *,fused,* ]]; then
     --shapes ${MINI_OF3_SIGMOID_SHAPES:-varlen16d128,b1t16384d128} \
     --impls mini_of3_tanh+hopper=1$FUSED,triton_sigmoid --out $OUT --tag fused_$MINI_OF3_COMMIT
 fi
+[[ ,$steps, == *,gluonlast,* ]] && run_step gluon 150 python3 tools/lab/gluon_tri_attn_fwd.py
 for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm varlendiag1 varlendiag8 varlendiag16 registerstest registers1 registers16 hoppertest hopper hoppertable hoppersweep hoppertwo fusedtest kerneltimes fusedbench; do
   [ -f $OUT/$name.log ] && { echo "== $name"; grep -v -i 'warn' $OUT/$name.log | tail -12; }
 done
