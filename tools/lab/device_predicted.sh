@@ -35,6 +35,9 @@
 #           then bench sigmoid on the packed batch and T = 16384, D = 128 (MINI_OF3_SIGMOID_SHAPES): Gluon two-kernel and
 #           (if its tests passed)
 #           one-kernel backward, TritonSigmoid
+#   fusedquick  the one-kernel backward's GPU tests, then (if they pass) bench sigmoid: the Gluon kernels with the
+#           two-kernel and the one-kernel backward on the packed batch and T = 16384 (no float64 check, no anchors),
+#           then tools/lab/sigmoid_kernels_gpu.py at B = 4, T = 4096 and on the packed batch
 #   gluonlast  the gluon step, run after every other step
 #   MINI_OF3_COMMIT=<hash> bash tools/lab/device_predicted.sh [STEPS]      (default padded,step,tanh,padstep,gluon)
 # Carry .whl (anchors: cueq, TritonSigmoid) and .device (prepared entries). Writes $OUT/<step>.log and the benches'
@@ -122,6 +125,14 @@ if [[ ,$steps, == *,fused,* ]]; then
   run_step fusedbench 260 python3 -m mini_of3.bench sigmoid --err-heads 1 --reps 10 \
     --shapes ${MINI_OF3_SIGMOID_SHAPES:-varlen16d128,b1t16384d128} \
     --impls mini_of3_tanh+hopper=1$FUSED,triton_sigmoid --out $OUT --tag fused_$MINI_OF3_COMMIT
+fi
+if [[ ,$steps, == *,fusedquick,* ]]; then
+  run_step fusedtest 80 python3 -m pytest -q -rf tests/kernels/test_sigmoid_attention_gpu.py -k fused
+  grep -q " passed" $OUT/fusedtest.log && ! grep -q "failed\|error" $OUT/fusedtest.log && \
+    run_step fusedbench 90 python3 -m mini_of3.bench sigmoid --err-heads 0 --reps 10 \
+      --shapes varlen16d128,b1t16384d128 --impls mini_of3_tanh+hopper=1,mini_of3_tanh+hopper=1+hopper_bwd_fused=1 \
+      --out $OUT --tag fusedquick_$MINI_OF3_COMMIT
+  run_step kerneltimes 60 python3 tools/lab/sigmoid_kernels_gpu.py --shapes b4t4096d128,varlen16d128
 fi
 [[ ,$steps, == *,gluonlast,* ]] && run_step gluon 150 python3 tools/lab/gluon_tri_attn_fwd.py
 for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm varlendiag1 varlendiag8 varlendiag16 registerstest registers1 registers16 hoppertest hopper hoppertable hoppersweep hoppertwo fusedtest kerneltimes fusedbench; do
