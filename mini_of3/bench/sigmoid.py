@@ -43,7 +43,7 @@ import torch
 from mini_of3.bench.common import (elapsed_ms, package_versions, print_table, result_header, time_in_rounds,
                                    write_json)
 from mini_of3.kernels import sigmoid_attention
-from mini_of3.kernels.sigmoid_attention_host import SIGMOID_VARIANTS, current_tiles, hopper, sigmoid_tiles
+from mini_of3.kernels.sigmoid_attention_host import SIGMOID_VARIANTS, current_tiles, gluon_takes, sigmoid_tiles
 
 IMPLS = ("mini_of3", "mini_of3_tanh", "triton_sigmoid", "cudnn", "flash")
 DEFAULT_SHAPES = "b4t4096d64,b1t16384d64,b4t4096d128,b1t16384d128,varlen16d128"
@@ -336,12 +336,14 @@ def prepare_arms(shape: Shape, names: list[str], sets: list[dict], args) -> tupl
 
 
 def kernels_of(impl: Impl, inputs: dict, shape: Shape) -> str:
-    """Which kernels ours run at this shape: "gluon" (sigmoid_attention_hopper.py) or "triton"."""
+    """Which kernels ours run at this shape: "gluon" (sigmoid_attention_hopper.py), "triton", or "triton/gluon"
+    (the forward's / the backward's)."""
     with tiles_of(impl):
         tiles = current_tiles(shape.D, inputs["q"].dtype)
     layout = "dense" if shape.dense else "varlen"
-    gluon = hopper is not None and hopper.applies(inputs["q"], inputs["k"], layout, shape.causal, tiles)
-    return "gluon" if gluon else "triton"
+    forward, backward = (("gluon" if takes else "triton")
+                         for takes in gluon_takes(inputs["q"], inputs["k"], layout, shape.T, shape.causal, tiles))
+    return forward if forward == backward else f"{forward}/{backward}"
 
 
 def time_interleaved(arms: list[Arm], device: torch.device, reps: int) -> None:

@@ -277,9 +277,9 @@ def sigmoid_attention(
     The lengths are checked on the host (one copy of S + 1 ints) except under torch.compile or CUDA-graph capture.
     Memory: the forward keeps nothing beyond q, k, v; at D = 128 the Triton backward takes a workspace of up to 2
     GiB for the scores' gradient (faster: 5 products per score instead of 7); ``with sigmoid_tiles(scores_budget=0)``
-    turns it off (sigmoid_attention_host.Tiles). On sm_90, ``with sigmoid_tiles(hopper=1)`` runs 16-bit calls at
-    D = 64 or 128 without a causal mask, dense or packed, on Gluon kernels instead (sigmoid_attention_hopper.py; no
-    workspace).
+    turns it off (sigmoid_attention_host.Tiles). On sm_90, 16-bit calls at D = 128 without a causal mask, dense or
+    packed, run on Gluon kernels instead (sigmoid_attention_hopper.py; no workspace): the backward always, the
+    forward from 8192 keys on (``sigmoid_tiles(hopper=0)``: the Triton kernels only).
     """
     if backend not in BACKENDS:
         _fail(f"backend must be one of {BACKENDS}, got {backend!r}")

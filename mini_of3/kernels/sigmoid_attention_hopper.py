@@ -6,7 +6,7 @@
 
 The same function as sigmoid_attention_kernels.py (o_i = sum_k sigmoid(scale q_i.k_k + b) v_k, b per sequence and
 head), for the calls that are most of the work: 16-bit inputs, D = 128, no causal mask, dense or packed varlen;
-taken under ``sigmoid_tiles(hopper=1)`` (Tiles.hopper).
+taken by default on sm_90 (Tiles.hopper; the forward from Tiles.hopper_fwd_min_keys keys on).
 Every kernel runs one program per 2 x 64 rows of one head of one sequence, with three partitions:
 
     two consumer warpgroups (4 warps, 240 registers each): 64 rows each, their accumulators in registers, every

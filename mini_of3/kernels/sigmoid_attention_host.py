@@ -34,12 +34,13 @@ class Tiles:
     evaluation (sigmoid_attention_kernels.py: "exact", "rcp", "tanh"), the bytes of dS^T workspace the
     backward may take to read dq from stored scores (0: it recomputes them) and the forward's registers per thread
     at most in the padded and packed layouts (0: the compiler's choice; dense calls never cap: under a cap ptxas
-    takes more registers than it chooses alone, at the same occupancy). hopper=1: calls that
-    sigmoid_attention_hopper applies to (sm_90, 16-bit, D = 64 or 128, no causal mask, dense or packed) run on its
-    Gluon kernels (0, the default until a GPU run has checked them: the Triton kernels), with the forward's key tile
-    (0: 128 dense, 64 packed), its ring's stages, the backward's tile (rows kept and rows ringed alike) and
-    stages, and whether the backward is one kernel (hopper_bwd_fused=1: dQ added over the key blocks in a fixed order,
-    sigmoid_attention_hopper._bwd) or two."""
+    takes more registers than it chooses alone, at the same occupancy). hopper=1 (the default): calls that
+    sigmoid_attention_hopper applies to (sm_90, 16-bit, D = 128, no causal mask, dense or packed) run on its Gluon
+    kernels (0: the Triton kernels), the forward only where the longest sequence has hopper_fwd_min_keys keys or
+    more (H100: the Triton forward is faster at 4096 keys, the Gluon one at 16384 and on a packed batch up to 16000),
+    with the forward's key tile (0: 128 dense, 64 packed), its ring's stages, the backward's tile (rows kept and rows
+    ringed alike) and stages, and whether the backward is one kernel (hopper_bwd_fused=1: dQ added over the key
+    blocks in a fixed order, sigmoid_attention_hopper._bwd) or two."""
     fwd_block_m: int
     fwd_block_n: int
     fwd_warps: int
@@ -59,7 +60,8 @@ class Tiles:
     dqs_warps: int = 4
     dqs_stages: int = 3
     fwd_registers: int = 0
-    hopper: int = 0
+    hopper: int = 1
+    hopper_fwd_min_keys: int = 8192
     hopper_fwd_block_n: int = 0
     hopper_fwd_stages: int = 3
     hopper_bwd_block: int = 64
@@ -135,11 +137,17 @@ def _lengths(q: torch.Tensor, k: torch.Tensor, layout: str) -> tuple[int, int]:
     return (0, 0) if layout == "varlen" else (q.shape[1], k.shape[1])
 
 
+def gluon_takes(q, k, layout: str, max_k: int, causal: bool, tiles: Tiles) -> tuple[bool, bool]:
+    """Whether the forward and the backward of this call run sigmoid_attention_hopper's Gluon kernels."""
+    both = hopper is not None and hopper.applies(q, k, layout, causal, tiles)
+    return both and max_k >= tiles.hopper_fwd_min_keys, both
+
+
 def forward(q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: int, causal: bool, scale: float,
             bias_value: float | None) -> torch.Tensor:
     """o (q's shape, contiguous) by _fwd (or sigmoid_attention_hopper's, where it applies)."""
     tiles = current_tiles(q.shape[-1], q.dtype)
-    if hopper is not None and hopper.applies(q, k, layout, causal, tiles):
+    if gluon_takes(q, k, layout, max_k, causal, tiles)[0]:
         return hopper.forward(q, k, v, seq_q, seq_k, bias, layout, max_q, max_k, scale, bias_value, tiles)
     o = allocate(q.shape, q.dtype, q.device)
     n_seq, (bias_ptr, sb_s, sb_h), flags = _common_args(q, k, seq_q, seq_k, bias, layout, causal, bias_value, tiles)
@@ -162,7 +170,7 @@ def backward(do, q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: in
     if do.stride(-1) != 1:
         do = do.contiguous()
     tiles = current_tiles(q.shape[-1], q.dtype)
-    if hopper is not None and hopper.applies(q, k, layout, causal, tiles):
+    if gluon_takes(q, k, layout, max_k, causal, tiles)[1]:
         return hopper.backward(do, q, k, v, seq_q, seq_k, bias, layout, max_q, max_k, scale, bias_value, tiles)
     n_seq, (bias_ptr, sb_s, sb_h), flags = _common_args(q, k, seq_q, seq_k, bias, layout, causal, bias_value, tiles)
     H = q.shape[-2]

@@ -164,16 +164,15 @@ def hopper_case(layout: str, dtype, H: int = 3, seed: int = 0, D: int = 128):
 def test_hopper_kernels_match_float64_and_the_triton_kernels(layout, D, dtype, variant, bias):
     """The Gluon kernels against float64: within the tolerance where the Triton kernels are (rcp), and no further
     from float64 than the Triton kernels with the same evaluation (tanh: its error near sigma ~ 0 dominates)."""
-    from mini_of3.kernels import sigmoid_attention_hopper as hopper
-    from mini_of3.kernels.sigmoid_attention_host import current_tiles
+    from mini_of3.kernels.sigmoid_attention_host import current_tiles, gluon_takes
 
     q, k, v, do, kw = hopper_case(layout, dtype, seed=len(layout), D=D)
     if bias == "per head":
         bias = torch.tensor([-1.0, -4.0, -7.5], device=q.device)
     kw["sigmoid_bias"] = bias
-    with sigmoid_tiles(sigmoid=variant, hopper=1):
-        assert hopper.applies(q, k, "varlen" if "cu_seqlens_q" in kw else "dense", False,
-                              current_tiles(D, dtype))
+    with sigmoid_tiles(sigmoid=variant, hopper=1, hopper_fwd_min_keys=0):
+        assert gluon_takes(q, k, "varlen" if "cu_seqlens_q" in kw else "dense", kw.get("max_seqlen_k", k.shape[1]),
+                           False, current_tiles(D, dtype)) == (True, True)
         got = run(sigmoid_attention, q, k, v, do, **kw)
     with sigmoid_tiles(sigmoid=variant, hopper=0):
         triton_path = run(sigmoid_attention, q, k, v, do, **kw)
@@ -188,6 +187,21 @@ def test_hopper_kernels_match_float64_and_the_triton_kernels(layout, D, dtype, v
 
 
 @sm90
+def test_hopper_default_path_per_direction():
+    """By default (hopper=1) 16-bit calls at D = 128 run the Gluon backward, and the Gluon forward from
+    hopper_fwd_min_keys keys on; D = 64 and causal calls run the Triton kernels."""
+    from mini_of3.kernels.sigmoid_attention_host import current_tiles, gluon_takes
+
+    tiles = current_tiles(128, torch.bfloat16)
+    q, k = (torch.zeros(1, 16, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    assert gluon_takes(q, k, "dense", tiles.hopper_fwd_min_keys - 1, False, tiles) == (False, True)
+    assert gluon_takes(q, k, "dense", tiles.hopper_fwd_min_keys, False, tiles) == (True, True)
+    assert gluon_takes(q, k, "dense", tiles.hopper_fwd_min_keys, True, tiles) == (False, False)
+    q64, k64 = (x[..., :64] for x in (q, k))
+    assert gluon_takes(q64, k64, "dense", 16384, False, current_tiles(64, torch.bfloat16)) == (False, False)
+
+
+@sm90
 @pytest.mark.parametrize("layout", list(HOPPER_LAYOUTS))
 @pytest.mark.parametrize("dtype,variant,bias", [(torch.bfloat16, "rcp", None), (torch.float16, "tanh", "per head")])
 def test_hopper_fused_backward_matches_float64_and_the_two_kernels(layout, dtype, variant, bias):
@@ -197,9 +211,9 @@ def test_hopper_fused_backward_matches_float64_and_the_two_kernels(layout, dtype
     if bias == "per head":
         bias = torch.tensor([-1.0, -4.0, -7.5], device=q.device)
     kw["sigmoid_bias"] = bias
-    with sigmoid_tiles(sigmoid=variant, hopper=1, hopper_bwd_fused=1):
+    with sigmoid_tiles(sigmoid=variant, hopper=1, hopper_fwd_min_keys=0, hopper_bwd_fused=1):
         fused = run(sigmoid_attention, q, k, v, do, **kw)
-    with sigmoid_tiles(sigmoid=variant, hopper=1, hopper_bwd_fused=0):
+    with sigmoid_tiles(sigmoid=variant, hopper=1, hopper_fwd_min_keys=0, hopper_bwd_fused=0):
         two = run(sigmoid_attention, q, k, v, do, **kw)
     ref = reference(q, k, v, do, **kw)
     for name, f, t, r in zip(NAMES, fused, two, ref):
@@ -214,7 +228,7 @@ def test_hopper_fused_backward_matches_float64_and_the_two_kernels(layout, dtype
 @pytest.mark.parametrize("fused", [0, 1], ids=["two_kernels", "fused"])
 def test_hopper_kernels_repeat_bitwise(layout, fused):
     q, k, v, do, kw = hopper_case(layout, torch.bfloat16, H=4, seed=11)
-    with sigmoid_tiles(hopper=1, hopper_bwd_fused=fused):
+    with sigmoid_tiles(hopper=1, hopper_fwd_min_keys=0, hopper_bwd_fused=fused):
         first, *again = [run(sigmoid_attention, q, k, v, do, **kw) for _ in range(3)]
     for other in again:
         for name, a, b in zip(NAMES, first, other):
