@@ -17,8 +17,8 @@ itself does). The key holds everything Triton specialises a kernel on, so that a
 for other arguments: each tensor's dtype and whether its data pointer is 16-byte aligned, every integer's exact value
 (which decides Triton's value-1, multiple-of-16 and 32/64-bit specialisations), the type of any other argument, the
 keyword arguments (constexprs, num_warps, num_stages) and the current device; a Gluon TMA descriptor by its
-dtype, block shape, shared layout and padding (the kernel's type for it; its base, shape and strides are runtime). Under the interpreter every call goes
-through the JIT (there is no compiled kernel).
+dtype, block shape, shared layout and padding (the kernel's type for it; its base, shape and strides are runtime).
+Under the interpreter every call goes through the JIT (there is no compiled kernel).
 """
 from __future__ import annotations
 

@@ -38,7 +38,8 @@
 #   fusedquick  the one-kernel backward's GPU tests, then (if they pass) bench sigmoid: the Gluon kernels with the
 #           two-kernel and the one-kernel backward on the packed batch and T = 16384 (no float64 check, no anchors),
 #           then tools/lab/sigmoid_kernels_gpu.py at B = 4, T = 4096 and on the packed batch
-#   gluonlast  the gluon step, run after every other step
+#   gluonlast  the gluon step, run after every other step, then tools/lab/gluon_tri_attn_bwd.py (the triangle dK/dV
+#           in Gluon beside the Triton _bwd_dkdv)
 #   MINI_OF3_COMMIT=<hash> bash tools/lab/device_predicted.sh [STEPS]      (default padded,step,tanh,padstep,gluon)
 # Carry .whl (anchors: cueq, TritonSigmoid) and .device (prepared entries). Writes $OUT/<step>.log and the benches'
 # JSON/PNG; prints each step's table last.
@@ -135,7 +136,8 @@ if [[ ,$steps, == *,fusedquick,* ]]; then
   run_step kerneltimes 60 python3 tools/lab/sigmoid_kernels_gpu.py --shapes b4t4096d128,varlen16d128
 fi
 [[ ,$steps, == *,gluonlast,* ]] && run_step gluon 150 python3 tools/lab/gluon_tri_attn_fwd.py
-for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm varlendiag1 varlendiag8 varlendiag16 registerstest registers1 registers16 hoppertest hopper hoppertable hoppersweep hoppertwo fusedtest kerneltimes fusedbench; do
+[[ ,$steps, == *,gluonlast,* ]] && run_step gluonbwd 100 python3 tools/lab/gluon_tri_attn_bwd.py
+for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm varlendiag1 varlendiag8 varlendiag16 registerstest registers1 registers16 hoppertest hopper hoppertable hoppersweep hoppertwo fusedtest kerneltimes fusedbench gluonbwd; do
   [ -f $OUT/$name.log ] && { echo "== $name"; grep -v -i 'warn' $OUT/$name.log | tail -12; }
 done
 echo "($SECONDS s in all)"
