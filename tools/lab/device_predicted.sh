@@ -39,7 +39,7 @@
 #           two-kernel and the one-kernel backward on the packed batch and T = 16384 (no float64 check, no anchors),
 #           then tools/lab/sigmoid_kernels_gpu.py at B = 4, T = 4096 and on the packed batch
 #   gluonlast  the gluon step, run after every other step, then tools/lab/gluon_tri_attn_bwd.py (the triangle dK/dV
-#           in Gluon beside the Triton _bwd_dkdv)
+#           in Gluon beside the Triton _bwd_dkdv) and gluon_tri_attn_layouts.py (the forward on the model's views)
 #   MINI_OF3_COMMIT=<hash> bash tools/lab/device_predicted.sh [STEPS]      (default padded,step,tanh,padstep,gluon)
 # Carry .whl (anchors: cueq, TritonSigmoid) and .device (prepared entries). Writes $OUT/<step>.log and the benches'
 # JSON/PNG; prints each step's table last.
@@ -137,7 +137,8 @@ if [[ ,$steps, == *,fusedquick,* ]]; then
 fi
 [[ ,$steps, == *,gluonlast,* ]] && run_step gluon 150 python3 tools/lab/gluon_tri_attn_fwd.py
 [[ ,$steps, == *,gluonlast,* ]] && run_step gluonbwd 100 python3 tools/lab/gluon_tri_attn_bwd.py
-for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm varlendiag1 varlendiag8 varlendiag16 registerstest registers1 registers16 hoppertest hopper hoppertable hoppersweep hoppertwo fusedtest kerneltimes fusedbench gluonbwd; do
+[[ ,$steps, == *,gluonlast,* ]] && run_step gluonlayouts 90 python3 tools/lab/gluon_tri_attn_layouts.py
+for name in padded step tanh padstep gluon sweep scorestest scores sweepscores defaultstest defaults confirm varlendiag1 varlendiag8 varlendiag16 registerstest registers1 registers16 hoppertest hopper hoppertable hoppersweep hoppertwo fusedtest kerneltimes fusedbench gluonbwd gluonlayouts; do
   [ -f $OUT/$name.log ] && { echo "== $name"; grep -v -i 'warn' $OUT/$name.log | tail -12; }
 done
 echo "($SECONDS s in all)"
