@@ -353,9 +353,10 @@ def _pass_turn(lock_ptr, count):
 @gluon.jit
 def _bwd_tile(dk, dv, k_smem, v_smem, ds_smem, q_slot, do_slot, dq_acc, lock_ptr, expected, count, n0, len_k, m0,
               len_q, mul, add, scale, BN: gl.constexpr, BM: gl.constexpr, st_layout: gl.constexpr,
-              acc_layout: gl.constexpr, TANH: gl.constexpr, MASKED: gl.constexpr, PARTS: gl.constexpr = 1):
+              acc_layout: gl.constexpr, TANH: gl.constexpr, MASKED: gl.constexpr, PARTS: gl.constexpr = 4):
     """dk, dv [BN, D] + the query tile [m0, m0 + BM)'s contributions; its dQ contribution dS K [BM, D] added to the
-    float32 rows dq_acc + m0 * D once the previous contributor to the tile has passed the turn."""
+    float32 rows dq_acc + m0 * D once the previous contributor to the tile has passed the turn, in PARTS products
+    of D / PARTS columns (one [BM, D] accumulator beside dK and dV spills)."""
     D: gl.constexpr = k_smem.shape[1]
     op_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     st = warpgroup_mma(k_smem, q_slot.permute((1, 0)), gl.zeros([BN, BM], gl.float32, st_layout), use_acc=False,
@@ -373,15 +374,15 @@ def _bwd_tile(dk, dv, k_smem, v_smem, ds_smem, q_slot, do_slot, dq_acc, lock_ptr
     dv = warpgroup_mma(gl.convert_layout(pt.to(q_slot.dtype), op_a), do_slot, dv, is_async=True)
     dk = warpgroup_mma(gl.convert_layout(dst, op_a), q_slot, dk, is_async=True)
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
-    HALF: gl.constexpr = D // PARTS
-    half_layout: gl.constexpr = mma_layout(HALF, 4)
-    rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, half_layout))
-    cols = gl.arange(0, HALF, layout=gl.SliceLayout(0, half_layout))
+    COLS: gl.constexpr = D // PARTS
+    part_layout: gl.constexpr = mma_layout(COLS, 4)
+    rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, part_layout))
+    cols = gl.arange(0, COLS, layout=gl.SliceLayout(0, part_layout))
     for part in gl.static_range(PARTS):
-        dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem.slice(part * HALF, HALF, dim=1),
-                           gl.zeros([BM, HALF], gl.float32, half_layout), use_acc=False, is_async=True)
+        dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem.slice(part * COLS, COLS, dim=1),
+                           gl.zeros([BM, COLS], gl.float32, part_layout), use_acc=False, is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
-        ptrs = dq_acc + rows[:, None] * D + part * HALF + cols[None, :]
+        ptrs = dq_acc + rows[:, None] * D + part * COLS + cols[None, :]
         if MASKED:      # rows past the sequence; a warpgroup past its keys adds dS = 0 in full tiles (x + 0 = x)
             gl.atomic_add(ptrs, dq, mask=(rows[:, None] < len_q) & (count > 0), sem="relaxed", scope="gpu")
         else:

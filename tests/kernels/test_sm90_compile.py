@@ -51,6 +51,9 @@ def test_hopper_sigmoid_kernels_assemble_for_sm90():
         rcp, tanh = (rows[f"hopper {kernel} {variant}"] for variant in ("rcp", "tanh"))
         for row in (rcp, tanh):
             assert row["mma"] == "HGMMA", (kernel, row)
-            assert kernel == "bwd" or row["LDL"] == row["STL"] == "0", (kernel, row)
+            if kernel == "bwd":      # spilled scalars: ~110-140 loads; a spilled accumulator is ~1,200
+                assert int(row["LDL"]) < 400, (kernel, row)
+            else:
+                assert row["LDL"] == row["STL"] == "0", (kernel, row)
             assert int(row["smem"]) <= 227 * 1024, (kernel, row)
         assert 2 * int(tanh["MUFU"]) == int(rcp["MUFU"]), kernel
