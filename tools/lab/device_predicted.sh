@@ -23,11 +23,12 @@
 #   registers  the GPU tests of the packed layout, then bench sigmoid with the forward's register cap (the default
 #           168 at D = 128) against none, on one packed sequence of 16384 beside b1t16384 and on the 16-sequence batch
 #   hopper  the GPU tests of the Gluon kernels of sigmoid_attention_hopper.py, then bench sigmoid at T = 16384,
-#           D = 128 and the packed batch: ours with tanh on the Gluon kernels (+hopper=1) and on the Triton ones,
-#           ours with rcp on the Gluon kernels, TritonSigmoid (MINI_OF3_SIGMOID_SHAPES, MINI_OF3_SIGMOID_IMPLS)
-#   hoppertable  bench sigmoid at the five shapes of issue 41 and the packed batch: ours with tanh and rcp on the
-#           Gluon kernels (+hopper=1; the D = 64 shapes run the Triton kernels either way), ours with tanh on the
-#           Triton kernels, TritonSigmoid, cuDNN (the README's table)
+#           D = 128 and the packed batch: ours with tanh on the Gluon kernels (+hopper_fwd_min_keys=0: the forward
+#           too) and on the Triton ones (+hopper=0), ours with rcp on the Gluon kernels, TritonSigmoid
+#           (MINI_OF3_SIGMOID_SHAPES, MINI_OF3_SIGMOID_IMPLS)
+#   hoppertable  bench sigmoid at the five shapes of issue 41 and the packed batch: ours at the defaults (tanh, rcp),
+#           ours with tanh on the Gluon forward too and on the Triton kernels only, TritonSigmoid, cuDNN (the
+#           README's table)
 #   hoppersweep  the Gluon kernels' tiles on the packed batch and T = 16384 (tanh): the defaults, 3 backward stages,
 #           128-key forward tiles on the packed batch, 2 forward stages (no float64 check)
 #   fused  the GPU tests of the Gluon kernels (the two-kernel backward first, then the one-kernel backward under its
@@ -106,12 +107,12 @@ RI=mini_of3_tanh,mini_of3_tanh+fwd_registers=0,mini_of3,mini_of3+fwd_registers=0
   tests/kernels/test_sigmoid_attention_gpu.py -k "${MINI_OF3_HOPPER_TESTS:-hopper}"
 [[ ,$steps, == *,hopper,* ]] && run_step hopper 400 python3 -m mini_of3.bench sigmoid --err-heads 1 --reps 10 \
   --shapes ${MINI_OF3_SIGMOID_SHAPES:-b1t16384d128,varlen16d128} \
-  --impls ${MINI_OF3_SIGMOID_IMPLS:-mini_of3_tanh+hopper=1,mini_of3_tanh,mini_of3+hopper=1,triton_sigmoid} --out $OUT \
+  --impls ${MINI_OF3_SIGMOID_IMPLS:-mini_of3_tanh+hopper_fwd_min_keys=0,mini_of3_tanh+hopper=0,mini_of3+hopper_fwd_min_keys=0,triton_sigmoid} --out $OUT \
   --tag hopper_$MINI_OF3_COMMIT
 [[ ,$steps, == *,hoppertable,* ]] && run_step hoppertable 560 python3 -m mini_of3.bench sigmoid --err-heads 1 \
-  --reps 10 --impls mini_of3_tanh+hopper=1,mini_of3+hopper=1,mini_of3_tanh,triton_sigmoid,cudnn --out $OUT \
+  --reps 10 --impls mini_of3_tanh,mini_of3,mini_of3_tanh+hopper_fwd_min_keys=0,mini_of3_tanh+hopper=0,triton_sigmoid,cudnn --out $OUT \
   --tag hoppertable_$MINI_OF3_COMMIT
-HT=mini_of3_tanh+hopper=1
+HT=mini_of3_tanh+hopper_fwd_min_keys=0
 [[ ,$steps, == *,hoppersweep,* ]] && run_step hoppersweep 400 python3 -m mini_of3.bench sigmoid --err-heads 0 \
   --reps 10 --shapes varlen16d128,b1t16384d128 --out $OUT --tag hoppersweep_$MINI_OF3_COMMIT \
   --impls $HT,$HT+hopper_bwd_stages=3,$HT+hopper_fwd_block_n=128,$HT+hopper_fwd_block_n=64,$HT+hopper_fwd_stages=2
@@ -119,19 +120,19 @@ if [[ ,$steps, == *,fused,* ]]; then
   run_step hoppertwo 80 python3 -m pytest -q -rf tests/kernels/test_sigmoid_attention_gpu.py -k "hopper and not fused"
   run_step fusedtest 80 python3 -m pytest -q -rf tests/kernels/test_sigmoid_attention_gpu.py -k fused
   FUSED=$(grep -q " passed" $OUT/fusedtest.log && ! grep -q "failed\|error" $OUT/fusedtest.log \
-          && echo ",mini_of3_tanh+hopper=1+hopper_bwd_fused=1")
-  IMPLS_OPT=(); [[ -n $FUSED ]] || IMPLS_OPT=(--impls mini_of3_tanh+hopper=1,mini_of3_tanh)
+          && echo ",mini_of3_tanh+hopper_bwd_fused=1")
+  IMPLS_OPT=(); [[ -n $FUSED ]] || IMPLS_OPT=(--impls mini_of3_tanh+hopper_fwd_min_keys=0,mini_of3_tanh+hopper=0)
   run_step kerneltimes 90 python3 tools/lab/sigmoid_kernels_gpu.py --shapes b1t16384d128,b4t4096d128,varlen16d128 \
     "${IMPLS_OPT[@]}"
   run_step fusedbench 260 python3 -m mini_of3.bench sigmoid --err-heads 1 --reps 10 \
     --shapes ${MINI_OF3_SIGMOID_SHAPES:-varlen16d128,b1t16384d128} \
-    --impls mini_of3_tanh+hopper=1$FUSED,triton_sigmoid --out $OUT --tag fused_$MINI_OF3_COMMIT
+    --impls mini_of3_tanh$FUSED,triton_sigmoid --out $OUT --tag fused_$MINI_OF3_COMMIT
 fi
 if [[ ,$steps, == *,fusedquick,* ]]; then
   run_step fusedtest 80 python3 -m pytest -q -rf tests/kernels/test_sigmoid_attention_gpu.py -k fused
   grep -q " passed" $OUT/fusedtest.log && ! grep -q "failed\|error" $OUT/fusedtest.log && \
     run_step fusedbench 90 python3 -m mini_of3.bench sigmoid --err-heads 0 --reps 10 \
-      --shapes varlen16d128,b1t16384d128 --impls mini_of3_tanh+hopper=1,mini_of3_tanh+hopper=1+hopper_bwd_fused=1 \
+      --shapes varlen16d128,b1t16384d128 --impls mini_of3_tanh,mini_of3_tanh+hopper_bwd_fused=1 \
       --out $OUT --tag fusedquick_$MINI_OF3_COMMIT
   run_step kerneltimes 60 python3 tools/lab/sigmoid_kernels_gpu.py --shapes b4t4096d128,varlen16d128
 fi

@@ -6,7 +6,7 @@ what the host and the glue (allocations, casts, index tables) add. Those of --ji
 ("jit").
 
     python tools/lab/sigmoid_kernels_gpu.py [--shapes b1t16384d128,varlen16d128]
-                                            [--impls mini_of3_tanh+hopper=1,mini_of3_tanh]
+                                            [--impls mini_of3_tanh+hopper_fwd_min_keys=0,mini_of3_tanh+hopper=0]
 """
 from __future__ import annotations
 
@@ -28,9 +28,10 @@ def jit_launch(kernel, grid, *args, **kwargs):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="b1t16384d128,b4t4096d128,varlen16d128")
-    parser.add_argument("--impls", default="mini_of3_tanh+hopper=1,mini_of3_tanh+hopper=1+hopper_bwd_fused=1,"
-                                           "mini_of3_tanh")
-    parser.add_argument("--jit", default="mini_of3_tanh+hopper=1")
+    parser.add_argument("--impls", default="mini_of3_tanh+hopper_fwd_min_keys=0,"
+                                           "mini_of3_tanh+hopper_fwd_min_keys=0+hopper_bwd_fused=1,"
+                                           "mini_of3_tanh+hopper=0")
+    parser.add_argument("--jit", default="mini_of3_tanh+hopper_fwd_min_keys=0")
     parser.add_argument("--heads", type=int, default=16)
     args = parser.parse_args()
     device = torch.device("cuda")
