@@ -351,6 +351,17 @@ def _pass_turn(lock_ptr, count):
 
 
 @gluon.jit
+def _add_pairs(ptrs, values, keep):
+    """float32 atomic adds of ``values`` at ``ptrs`` where ``keep``, two neighbouring columns per instruction
+    (red.global.add.v2.f32: the wgmma layout gives each thread pairs of columns; one L2 operation per 8 bytes)."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $6, 0; @p red.global.gpu.relaxed.add.v2.f32 [$2], {$4, $5}; "
+        "mov.b32 $0, 0; mov.b32 $1, 0; }",
+        "=r,=r,l,l,f,f,r,r", [ptrs.to(gl.int64, bitcast=True), values, keep.to(gl.int32)], dtype=gl.int32,
+        is_pure=False, pack=2)
+
+
+@gluon.jit
 def _bwd_tile(dk, dv, k_smem, v_smem, ds_smem, q_slot, do_slot, dq_acc, lock_ptr, expected, count, n0, len_k, m0,
               len_q, mul, add, scale, BN: gl.constexpr, BM: gl.constexpr, st_layout: gl.constexpr,
               acc_layout: gl.constexpr, TANH: gl.constexpr, MASKED: gl.constexpr, PARTS: gl.constexpr = 4):
@@ -384,9 +395,9 @@ def _bwd_tile(dk, dv, k_smem, v_smem, ds_smem, q_slot, do_slot, dq_acc, lock_ptr
         dq = warpgroup_mma_wait(0, deps=(dq, ))
         ptrs = dq_acc + rows[:, None] * D + part * COLS + cols[None, :]
         if MASKED:      # rows past the sequence; a warpgroup past its keys adds dS = 0 in full tiles (x + 0 = x)
-            gl.atomic_add(ptrs, dq, mask=(rows[:, None] < len_q) & (count > 0), sem="relaxed", scope="gpu")
+            _add_pairs(ptrs, dq, (rows[:, None] < len_q) & (count > 0) & (cols[None, :] >= 0))
         else:
-            gl.atomic_add(ptrs, dq, sem="relaxed", scope="gpu")
+            _add_pairs(ptrs, dq, gl.full([BM, COLS], 1, gl.int1, part_layout))
     _pass_turn(lock_ptr, count)
     return dk, dv
 
