@@ -23,6 +23,8 @@ The kernels (one program: 128 rows; tiles through the ring: BLOCK rows each):
             is added to a float32 dQ by atomic adds in a fixed order: warpgroup c of the tile's contributors (key
             blocks in order) spins on the tile's counter until it reads 128 c, adds, and each thread adds 1 with
             release semantics. Programs start in grid order, so the one waited for is resident or done.
+            PAIR_SUM (hopper_bwd_fused=2): the two warpgroups put their dQ tiles in shared memory and each adds
+            half the rows of the sum (4 bytes of reduction per score instead of 8), four columns per instruction.
 Every output row is written by one program (or, _bwd's dQ, summed in a fixed order), so o and the gradients repeat
 bit for bit.
 
@@ -362,9 +364,46 @@ def _add_pairs(ptrs, values, keep):
 
 
 @gluon.jit
+def _add_quads(ptrs, values, keep):
+    """float32 atomic adds of ``values`` at ``ptrs`` where ``keep``, four neighbouring columns per instruction
+    (red.global.add.v4.f32) from a layout that gives each thread runs of 4 columns."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $12, 0; @p red.global.gpu.relaxed.add.v4.f32 [$4], {$8, $9, $10, $11}; "
+        "mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0; }",
+        "=r,=r,=r,=r,l,l,l,l,f,f,f,f,r,r,r,r", [ptrs.to(gl.int64, bitcast=True), values, keep.to(gl.int32)],
+        dtype=gl.int32, is_pure=False, pack=4)
+
+
+@gluon.jit
+def _add_pair_sum(dq, part, parts, parts_ready, parts_free, t, m0, len_q, dq_acc, D: gl.constexpr, COLS: gl.constexpr,
+                  WG: gl.constexpr, LAST_PART: gl.constexpr, MASKED: gl.constexpr):
+    """PAIR_SUM: this warpgroup's dQ columns [part COLS, (part + 1) COLS) into its shared [BM, D] buffer; after the
+    last part, once both warpgroups' buffers are full, add rows [WG BM / 2, (WG + 1) BM / 2) of their sum (in the
+    order warpgroup 0 + warpgroup 1) to dQ, four columns per instruction."""
+    if part == 0:
+        mbarrier.wait(parts_free, (t & 1) ^ 1)          # both have read tile t - 1's buffers (a fresh barrier passes)
+    parts.index(WG).slice(part * COLS, COLS, dim=1).store(dq)
+    if LAST_PART:
+        mbarrier.arrive(parts_ready)
+        mbarrier.wait(parts_ready, t & 1)
+        BM: gl.constexpr = parts.shape[1]
+        ROWS: gl.constexpr = BM // 2
+        sum_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+        total = (parts.index(0).slice(WG * ROWS, ROWS, dim=0).load(sum_layout)
+                 + parts.index(1).slice(WG * ROWS, ROWS, dim=0).load(sum_layout))
+        mbarrier.arrive(parts_free)
+        rows = m0 + WG * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, sum_layout))
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, sum_layout))
+        keep = (rows[:, None] < len_q) & (cols[None, :] >= 0) if MASKED else gl.full([ROWS, D], 1, gl.int1,
+                                                                                      sum_layout)
+        _add_quads(dq_acc + rows[:, None] * D + cols[None, :], total, keep)
+
+
+@gluon.jit
 def _bwd_tile(dk, dv, k_smem, v_smem, ds_smem, q_slot, do_slot, dq_acc, lock_ptr, expected, count, n0, len_k, m0,
               len_q, mul, add, scale, BN: gl.constexpr, BM: gl.constexpr, st_layout: gl.constexpr,
-              acc_layout: gl.constexpr, TANH: gl.constexpr, MASKED: gl.constexpr, PARTS: gl.constexpr = 4):
+              acc_layout: gl.constexpr, TANH: gl.constexpr, MASKED: gl.constexpr, parts, parts_ready, parts_free,
+              t, WG: gl.constexpr, PAIR_SUM: gl.constexpr, PARTS: gl.constexpr = 4):
     """dk, dv [BN, D] + the query tile [m0, m0 + BM)'s contributions; its dQ contribution dS K [BM, D] added to the
     float32 rows dq_acc + m0 * D once the previous contributor to the tile has passed the turn, in PARTS products
     of D / PARTS columns (one [BM, D] accumulator beside dK and dV spills)."""
@@ -393,11 +432,15 @@ def _bwd_tile(dk, dv, k_smem, v_smem, ds_smem, q_slot, do_slot, dq_acc, lock_ptr
         dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem.slice(part * COLS, COLS, dim=1),
                            gl.zeros([BM, COLS], gl.float32, part_layout), use_acc=False, is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
-        ptrs = dq_acc + rows[:, None] * D + part * COLS + cols[None, :]
-        if MASKED:      # rows past the sequence; a warpgroup past its keys adds dS = 0 in full tiles (x + 0 = x)
-            _add_pairs(ptrs, dq, (rows[:, None] < len_q) & (count > 0) & (cols[None, :] >= 0))
+        if PAIR_SUM:
+            _add_pair_sum(dq, part, parts, parts_ready, parts_free, t, m0, len_q, dq_acc, D, COLS, WG,
+                          part == PARTS - 1, MASKED)
         else:
-            _add_pairs(ptrs, dq, gl.full([BM, COLS], 1, gl.int1, part_layout))
+            ptrs = dq_acc + rows[:, None] * D + part * COLS + cols[None, :]
+            if MASKED:  # rows past the sequence; a warpgroup past its keys adds dS = 0 in full tiles (x + 0 = x)
+                _add_pairs(ptrs, dq, (rows[:, None] < len_q) & (count > 0) & (cols[None, :] >= 0))
+            else:
+                _add_pairs(ptrs, dq, gl.full([BM, COLS], 1, gl.int1, part_layout))
     _pass_turn(lock_ptr, count)
     return dk, dv
 
@@ -405,11 +448,12 @@ def _bwd_tile(dk, dv, k_smem, v_smem, ds_smem, q_slot, do_slot, dq_acc, lock_ptr
 @gluon.jit
 def _bwd_consumer(k_kept, v_kept, ds_kept, bar_kept, q_ring, do_ring, ready, empty, k_desc, v_desc, dk_ptr, dv_ptr,
                   dq_acc, locks, total_q, n_q_tiles, cu_q, cu_k, order, bias_ptr, sb_s, sb_h, bias_value, H, scale,
-                  BM: gl.constexpr, NS: gl.constexpr, BIAS_KIND: gl.constexpr, TANH: gl.constexpr,
-                  WG: gl.constexpr):
+                  parts, parts_ready, parts_free, BM: gl.constexpr, NS: gl.constexpr, BIAS_KIND: gl.constexpr,
+                  TANH: gl.constexpr, PAIR_SUM: gl.constexpr, WG: gl.constexpr):
     """Consumer WG: dK, dV of its BN keys over every query tile of the sequence, and their dQ contributions: this
     warpgroup is contributor c = 2 program + WG of each query tile, which waits until the counter of the tile
-    reads 128 c (every thread of contributors 0 .. c - 1 has added its rows and passed the turn)."""
+    reads 128 c (every thread of contributors 0 .. c - 1 has added its rows and passed the turn). PAIR_SUM: the
+    program is contributor c = program (both warpgroups add half the rows of their sum; the counter reads 256 c)."""
     BN: gl.constexpr = k_desc.block_type.shape[0]
     D: gl.constexpr = k_desc.block_type.shape[1]
     st_layout: gl.constexpr = mma_layout(BM, 4)
@@ -421,8 +465,12 @@ def _bwd_consumer(k_kept, v_kept, ds_kept, bar_kept, q_ring, do_ring, ready, emp
     if n0 - WG * BN < len_k:
         _load_kept(k_desc, v_desc, start_k + n0, h * D, k_smem, v_smem, bar_kept.index(WG))
         mul, add = _coefficients(seq, h, len_k, bias_ptr, sb_s, sb_h, bias_value, scale, BIAS_KIND, TANH)
-        count = (n0 < len_k).to(gl.int32)                  # 0: the second warpgroup past the sequence's keys
-        expected = (gl.program_id(0) * 2 + WG) * 128 * count
+        if PAIR_SUM:
+            count = 1
+            expected = gl.program_id(0) * 256
+        else:
+            count = (n0 < len_k).to(gl.int32)              # 0: the second warpgroup past the sequence's keys
+            expected = (gl.program_id(0) * 2 + WG) * 128 * count
         dq_rows = dq_acc + (h.to(gl.int64) * total_q + start_q) * D              # [H, total_q, D] float32
         lock_row = locks + (seq * H + h) * n_q_tiles
         dk = gl.zeros([BN, D], gl.float32, acc_layout)
@@ -433,13 +481,14 @@ def _bwd_consumer(k_kept, v_kept, ds_kept, bar_kept, q_ring, do_ring, ready, emp
             mbarrier.wait(ready.index(slot), (t // NS) & 1)
             dk, dv = _bwd_tile(dk, dv, k_smem, v_smem, ds_smem, q_ring.index(slot), do_ring.index(slot), dq_rows,
                                lock_row + t, expected, count, n0, len_k, t * BM, len_q, mul, add, scale, BN, BM,
-                               st_layout, acc_layout, TANH, False)
+                               st_layout, acc_layout, TANH, False, parts, parts_ready, parts_free, t, WG, PAIR_SUM)
             mbarrier.arrive(empty.index(slot))
         last = n_tiles - 1
         mbarrier.wait(ready.index(last % NS), (last // NS) & 1)
         dk, dv = _bwd_tile(dk, dv, k_smem, v_smem, ds_smem, q_ring.index(last % NS), do_ring.index(last % NS),
                            dq_rows, lock_row + last, expected, count, n0, len_k, last * BM, len_q, mul, add, scale,
-                           BN, BM, st_layout, acc_layout, TANH, True)
+                           BN, BM, st_layout, acc_layout, TANH, True, parts, parts_ready, parts_free, last, WG,
+                           PAIR_SUM)
         mbarrier.arrive(empty.index(last % NS))
         _store_rows(dk_ptr, dk, start_k, len_k, n0, h, H, BN, D, acc_layout)
         _store_rows(dv_ptr, dv, start_k, len_k, n0, h, H, BN, D, acc_layout)
@@ -447,9 +496,17 @@ def _bwd_consumer(k_kept, v_kept, ds_kept, bar_kept, q_ring, do_ring, ready, emp
 
 @gluon.jit
 def _bwd(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, dq_acc, locks, total_q, n_q_tiles, cu_q, cu_k, order,
-         bias_ptr, sb_s, sb_h, bias_value, H, scale, NS: gl.constexpr, BIAS_KIND: gl.constexpr, TANH: gl.constexpr):
+         bias_ptr, sb_s, sb_h, bias_value, H, scale, NS: gl.constexpr, BIAS_KIND: gl.constexpr, TANH: gl.constexpr,
+         PAIR_SUM: gl.constexpr = False):
     BM: gl.constexpr = q_desc.block_type.shape[0]
     BN: gl.constexpr = k_desc.block_type.shape[0]
+    D: gl.constexpr = k_desc.block_type.shape[1]
+    parts = gl.allocate_shared_memory(gl.float32, [2 if PAIR_SUM else 1, BM, D if PAIR_SUM else 4],
+                                      gl.SwizzledSharedLayout(2, 1, 8, [1, 0]))
+    parts_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    parts_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(parts_ready, count=2)
+    mbarrier.init(parts_free, count=2)
     k_kept = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape, k_desc.layout)
     v_kept = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape, k_desc.layout)
     ds_kept = gl.allocate_shared_memory(k_desc.dtype, [2, BN, BM],
@@ -461,10 +518,12 @@ def _bwd(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, dq_acc, locks, total_q
     gl.warp_specialize([
         (_bwd_consumer, (k_kept, v_kept, ds_kept, bar_kept, q_ring, do_ring, ready, empty, k_desc, v_desc, dk_ptr,
                          dv_ptr, dq_acc, locks, total_q, n_q_tiles, cu_q, cu_k, order, bias_ptr, sb_s, sb_h,
-                         bias_value, H, scale, BM, NS, BIAS_KIND, TANH, 0)),
+                         bias_value, H, scale, parts, parts_ready, parts_free, BM, NS, BIAS_KIND, TANH, PAIR_SUM,
+                         0)),
         (_bwd_consumer, (k_kept, v_kept, ds_kept, bar_kept, q_ring, do_ring, ready, empty, k_desc, v_desc, dk_ptr,
                          dv_ptr, dq_acc, locks, total_q, n_q_tiles, cu_q, cu_k, order, bias_ptr, sb_s, sb_h,
-                         bias_value, H, scale, BM, NS, BIAS_KIND, TANH, 1)),
+                         bias_value, H, scale, parts, parts_ready, parts_free, BM, NS, BIAS_KIND, TANH, PAIR_SUM,
+                         1)),
         (_producer, (q_desc, do_desc, q_ring, do_ring, ready, empty, cu_q, cu_k, order, BN, False, NS)),
     ], [4, 1], [240, 24])
 
@@ -611,8 +670,8 @@ def forward(q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: int, sc
 
 def backward(do, q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: int, scale: float,
              bias_value: float | None, tiles) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv (the inputs' shapes, contiguous) by _dkdv, then _dq; or (Tiles.hopper_bwd_fused) by _bwd into a
-    float32 dq [H, tokens, D], cast after."""
+    """dq, dk, dv (the inputs' shapes, contiguous) by _dkdv, then _dq; or (Tiles.hopper_bwd_fused 1, or 2 with the
+    two warpgroups' dQ tiles summed first) by _bwd into a float32 dq [H, tokens, D], cast after."""
     dq = allocate(q.shape, q.dtype, q.device)
     dk = allocate(k.shape, k.dtype, k.device)
     dv = allocate(v.shape, v.dtype, v.device)
@@ -629,7 +688,7 @@ def backward(do, q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: in
         dq_acc = torch.zeros(H, total_q, D, dtype=torch.float32, device=q.device)
         locks = torch.zeros(n_seq * H * n_q_tiles, dtype=torch.int32, device=q.device)
         launch(_bwd, _grid(max_k, block, H, n_seq), q_desc, k_desc, v_desc, do_desc, dk, dv, dq_acc, locks, total_q,
-               n_q_tiles, cu_q, cu_k, order, *bias_args, H, scale, **flags)
+               n_q_tiles, cu_q, cu_k, order, *bias_args, H, scale, PAIR_SUM=tiles.hopper_bwd_fused == 2, **flags)
         dq.view(total_q, H, D).copy_(dq_acc.transpose(0, 1))
         return dq, dk, dv
     launch(_dkdv, _grid(max_k, block, H, n_seq), q_desc, k_desc, v_desc, do_desc, dk, dv, cu_q, cu_k, order,

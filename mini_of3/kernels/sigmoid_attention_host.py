@@ -40,7 +40,8 @@ class Tiles:
     more (H100: the Triton forward is faster at 4096 keys, the Gluon one at 16384 and on a packed batch up to 16000),
     with the forward's key tile (0: 128 dense, 64 packed), its ring's stages, the backward's tile (rows kept and rows
     ringed alike) and stages, and whether the backward is one kernel (hopper_bwd_fused=1: dQ added over the key
-    blocks in a fixed order, sigmoid_attention_hopper._bwd) or two."""
+    blocks in a fixed order, sigmoid_attention_hopper._bwd; 2: the same with the two warpgroups' dQ tiles summed
+    before) or two (0)."""
     fwd_block_m: int
     fwd_block_n: int
     fwd_warps: int

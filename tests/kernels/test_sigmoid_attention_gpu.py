@@ -204,19 +204,20 @@ def test_hopper_default_path_per_direction():
 @sm90
 @pytest.mark.parametrize("layout", list(HOPPER_LAYOUTS))
 @pytest.mark.parametrize("dtype,variant,bias", [(torch.bfloat16, "rcp", None), (torch.float16, "tanh", "per head")])
-def test_hopper_fused_backward_matches_float64_and_the_two_kernels(layout, dtype, variant, bias):
+@pytest.mark.parametrize("fused", [1, 2], ids=["fused", "fused_pairs"])
+def test_hopper_fused_backward_matches_float64_and_the_two_kernels(layout, dtype, variant, bias, fused):
     """The one-kernel backward (dQ added over key blocks in a fixed order) no further from float64 than the
     two-kernel one."""
     q, k, v, do, kw = hopper_case(layout, dtype, seed=3 + len(layout))
     if bias == "per head":
         bias = torch.tensor([-1.0, -4.0, -7.5], device=q.device)
     kw["sigmoid_bias"] = bias
-    with sigmoid_tiles(sigmoid=variant, hopper=1, hopper_fwd_min_keys=0, hopper_bwd_fused=1):
-        fused = run(sigmoid_attention, q, k, v, do, **kw)
+    with sigmoid_tiles(sigmoid=variant, hopper=1, hopper_fwd_min_keys=0, hopper_bwd_fused=fused):
+        one = run(sigmoid_attention, q, k, v, do, **kw)
     with sigmoid_tiles(sigmoid=variant, hopper=1, hopper_fwd_min_keys=0, hopper_bwd_fused=0):
         two = run(sigmoid_attention, q, k, v, do, **kw)
     ref = reference(q, k, v, do, **kw)
-    for name, f, t, r in zip(NAMES, fused, two, ref):
+    for name, f, t, r in zip(NAMES, one, two, ref):
         assert torch.isfinite(f).all(), f"{name} has non-finite or unwritten elements"
         err, err_two = rel_err(f, r), rel_err(t, r)
         print(name, layout, variant, f"{err:.2e} (two kernels {err_two:.2e})")
@@ -225,7 +226,7 @@ def test_hopper_fused_backward_matches_float64_and_the_two_kernels(layout, dtype
 
 @sm90
 @pytest.mark.parametrize("layout", ["dense", "varlen Tq != Tk"])
-@pytest.mark.parametrize("fused", [0, 1], ids=["two_kernels", "fused"])
+@pytest.mark.parametrize("fused", [0, 1, 2], ids=["two_kernels", "fused", "fused_pairs"])
 def test_hopper_kernels_repeat_bitwise(layout, fused):
     q, k, v, do, kw = hopper_case(layout, torch.bfloat16, H=4, seed=11)
     with sigmoid_tiles(hopper=1, hopper_fwd_min_keys=0, hopper_bwd_fused=fused):

@@ -37,7 +37,8 @@
 #           (if its tests passed)
 #           one-kernel backward, TritonSigmoid
 #   fusedquick  the one-kernel backward's GPU tests, then (if they pass) bench sigmoid: the Gluon kernels with the
-#           two-kernel and the one-kernel backward on the packed batch and T = 16384 (no float64 check, no anchors),
+#           two-kernel and the one-kernel backwards (hopper_bwd_fused=1 and 2) on the packed batch and T = 16384
+#           (no float64 check, no anchors),
 #           then tools/lab/sigmoid_kernels_gpu.py at B = 4, T = 4096 and on the packed batch
 #   gluonlast  the gluon step, run after every other step, then tools/lab/gluon_tri_attn_bwd.py (the triangle dK/dV
 #           in Gluon beside the Triton _bwd_dkdv) and gluon_tri_attn_layouts.py (the forward on the model's views)
@@ -132,7 +133,8 @@ if [[ ,$steps, == *,fusedquick,* ]]; then
   run_step fusedtest 80 python3 -m pytest -q -rf tests/kernels/test_sigmoid_attention_gpu.py -k fused
   grep -q " passed" $OUT/fusedtest.log && ! grep -q "failed\|error" $OUT/fusedtest.log && \
     run_step fusedbench 90 python3 -m mini_of3.bench sigmoid --err-heads 0 --reps 10 \
-      --shapes varlen16d128,b1t16384d128 --impls mini_of3_tanh,mini_of3_tanh+hopper_bwd_fused=1 \
+      --shapes varlen16d128,b1t16384d128 \
+      --impls mini_of3_tanh,mini_of3_tanh+hopper_bwd_fused=1,mini_of3_tanh+hopper_bwd_fused=2 \
       --out $OUT --tag fusedquick_$MINI_OF3_COMMIT
   run_step kerneltimes 60 python3 tools/lab/sigmoid_kernels_gpu.py --shapes b4t4096d128,varlen16d128
 fi

@@ -84,7 +84,8 @@ def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, maxnre
                           options=options)
 
 
-def compile_hopper(fn, ringed: int, kept: int, stages: int, bias_kind: str, tanh: bool, head_dim: int = 128):
+def compile_hopper(fn, ringed: int, kept: int, stages: int, bias_kind: str, tanh: bool, head_dim: int = 128,
+                   extra: dict | None = None):
     """Compile a Gluon kernel of sigmoid_attention_hopper.py for sm_90: bf16, ``kept`` rows per consumer warpgroup,
     ``ringed`` rows per ring stage."""
     from triton.experimental.gluon import language as gl
@@ -101,7 +102,7 @@ def compile_hopper(fn, ringed: int, kept: int, stages: int, bias_kind: str, tanh
                  H="i32", scale="fp32", dq_acc="*fp32", locks="*i32", total_q="i32", n_q_tiles="i32",
                  **{name: descriptor(n) for name, n in rows.items()})
     signature = {name: types.get(name, "*bf16" if name.endswith("_ptr") else "constexpr") for name in fn.arg_names}
-    constexprs = dict(NS=stages, BIAS_KIND=bias_kind, TANH=tanh)
+    constexprs = dict(NS=stages, BIAS_KIND=bias_kind, TANH=tanh, **(extra or {}))
     return triton.compile(GluonASTSource(fn, signature, constexprs), target=TARGET,
                           options={"num_warps": SH.NUM_WARPS})
 
@@ -198,16 +199,19 @@ def main() -> None:
                                                    ("dq", SH._dq, t.hopper_bwd_block, t.hopper_bwd_block,
                                                     t.hopper_bwd_stages),
                                                    ("bwd", SH._bwd, t.hopper_bwd_block, t.hopper_bwd_block,
+                                                    t.hopper_bwd_stages),
+                                                   ("bwd pairs", SH._bwd, t.hopper_bwd_block, t.hopper_bwd_block,
                                                     t.hopper_bwd_stages)):
                 jobs.append((f"hopper {name} {variant}", fn, dict(BLOCK_J=kept, BLOCK_K=ringed, ringed=ringed,
                                                                   kept=kept, stages=stages, tanh=variant == "tanh",
-                                                                  head_dim=d), SH.NUM_WARPS, stages))
+                                                                  head_dim=d, extra={"PAIR_SUM": name.endswith(
+                                                                      "pairs")}), SH.NUM_WARPS, stages))
     print(f"{'kernel':14s}{'BJ':>5s}{'BK':>5s}{'warps':>6s}{'stages':>7s}{'regs':>6s}{'CTA:reg':>8s}{':smem':>6s}"
           f"{'stack':>6s}{'LDL':>5s}{'STL':>5s}{'smem':>8s}  mma  {'MUFU':>5s}{'BRA':>5s}{'instr':>6s}")
     for name, fn, flags, warps, stages, *cap in jobs:   # cap: the launch's maxnreg, where it sets one
         if name.startswith("hopper"):
             compiled = compile_hopper(fn, flags["ringed"], flags["kept"], stages, "keys", flags["tanh"],
-                                      flags["head_dim"])
+                                      flags["head_dim"], flags["extra"] if fn is SH._bwd else None)
         else:
             compiled = compile_kernel(fn, {k: v for k, v in flags.items() if k in fn.arg_names}, warps, stages,
                                       cap[0] if cap and cap[0] else args.maxnreg)

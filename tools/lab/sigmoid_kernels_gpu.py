@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="b1t16384d128,b4t4096d128,varlen16d128")
     parser.add_argument("--impls", default="mini_of3_tanh+hopper_fwd_min_keys=0,"
                                            "mini_of3_tanh+hopper_fwd_min_keys=0+hopper_bwd_fused=1,"
+                                           "mini_of3_tanh+hopper_fwd_min_keys=0+hopper_bwd_fused=2,"
                                            "mini_of3_tanh+hopper=0")
     parser.add_argument("--jit", default="mini_of3_tanh+hopper_fwd_min_keys=0")
     parser.add_argument("--heads", type=int, default=16)
