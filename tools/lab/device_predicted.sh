@@ -130,7 +130,7 @@ if [[ ,$steps, == *,fused,* ]]; then
     --impls mini_of3_tanh$FUSED,triton_sigmoid --out $OUT --tag fused_$MINI_OF3_COMMIT
 fi
 if [[ ,$steps, == *,fusedquick,* ]]; then
-  run_step fusedtest 80 python3 -m pytest -q -rf tests/kernels/test_sigmoid_attention_gpu.py -k fused
+  run_step fusedtest 150 python3 -m pytest -q -rf tests/kernels/test_sigmoid_attention_gpu.py -k fused
   grep -q " passed" $OUT/fusedtest.log && ! grep -q "failed\|error" $OUT/fusedtest.log && \
     run_step fusedbench 90 python3 -m mini_of3.bench sigmoid --err-heads 0 --reps 10 \
       --shapes varlen16d128,b1t16384d128 \
