@@ -49,7 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from mini_of3.kernels.host import allocate, interpreting, launch
+from mini_of3.kernels.host import allocate, interpreting
 
 HEAD_DIMS = (128, )                             # D = 64: our Triton kernels are faster (H100)
 NUM_WARPS = 4                                  # the default partition: consumer warpgroup 0; the workers
@@ -603,6 +603,12 @@ def _dq(q_desc, k_desc, v_desc, do_desc, dq_ptr, cu_q, cu_k, order, bias_ptr, sb
 
 # ---------------------------------------------------------------------------------------------------------------
 # host side
+
+
+def launch(kernel, grid: tuple, *args, **kwargs) -> None:
+    """``kernel[grid](...)`` through Gluon's JIT, the launch the GPU tests have run; host.launch (the compiled kernel
+    called directly) is the alternative tools/lab/sigmoid_kernels_gpu.py times against it."""
+    kernel[grid](*args, **kwargs)
 
 
 @functools.cache

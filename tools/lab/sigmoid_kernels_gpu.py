@@ -1,9 +1,9 @@
 """Where a sigmoid-attention call's time goes, on the GPU machine: per implementation and shape, the device time of
 each kernel (torch.profiler) in a forward and in a forward+backward, their sum, the wall time of back-to-back calls
 and the bench's synced time (CUDA events around one call). The gap between the kernels' sum and the synced time is
-what the host and the glue (allocations, casts, index tables) add. Those of --jit run twice: launched as shipped
-(host.launch, the compiled kernel called directly after its first call) and through Gluon's JIT on every call
-("jit").
+what the host and the glue (allocations, casts, index tables) add. Those of --direct run twice: launched as shipped
+(through Gluon's JIT on every call) and by host.launch (the compiled kernel called directly after the first call of
+a specialisation: "direct").
 
     python tools/lab/sigmoid_kernels_gpu.py [--shapes b1t16384d128,varlen16d128]
                                             [--impls mini_of3_tanh+hopper_fwd_min_keys=0,mini_of3_tanh+hopper=0]
@@ -21,8 +21,6 @@ from mini_of3.kernels import host
 from mini_of3.kernels import sigmoid_attention_hopper as hopper
 
 
-def jit_launch(kernel, grid, *args, **kwargs):
-    kernel[grid](*args, **kwargs)
 
 
 def main() -> None:
@@ -32,7 +30,7 @@ def main() -> None:
                                            "mini_of3_tanh+hopper_fwd_min_keys=0+hopper_bwd_fused=1,"
                                            "mini_of3_tanh+hopper_fwd_min_keys=0+hopper_bwd_fused=2,"
                                            "mini_of3_tanh+hopper=0")
-    parser.add_argument("--jit", default="mini_of3_tanh+hopper_fwd_min_keys=0")
+    parser.add_argument("--direct", default="mini_of3_tanh+hopper_fwd_min_keys=0")
     parser.add_argument("--heads", type=int, default=16)
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -40,13 +38,14 @@ def main() -> None:
     for text in args.shapes.split(","):
         shape = parse_shape(text, args.heads, (500, 16000))
         inputs = make_packed(shape, device, 0)
+        shipped = hopper.launch
         runs = [(name, launcher) for name in args.impls.split(",")
-                for launcher in ((host.launch, jit_launch) if name in args.jit.split(",") else (host.launch, ))]
+                for launcher in ((shipped, host.launch) if name in args.direct.split(",") else (shipped, ))]
         for name, launcher in runs:
             hopper.launch = launcher
             impl = load_impl(name, shape)
             arm = Arm(base_row(name, shape), impl, [bind(impl, inputs, shape)])
-            name = name + (" jit" if launcher is jit_launch else "")
+            name = name + (" direct" if launcher is host.launch else "")
             for kind in ("fwd", "fwdbwd"):
                 call = getattr(arm, kind)
                 kernels, wall = device_ms_by_kernel(call, iters=5, warmup=2)
