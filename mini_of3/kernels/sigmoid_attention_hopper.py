@@ -17,14 +17,14 @@ Every kernel runs one program per 2 x 64 rows of one head of one sequence, with 
 The kernels (one program: 128 rows; tiles through the ring: BLOCK rows each):
     _fwd    queries kept, K/V ringed; S of tile t + 1 is issued to the tensor cores before the sigmoids of tile t
             (FlashAttention-3's intra-warpgroup overlap), then O += P V
-    _dkdv   keys kept, Q/dO ringed: S^T = K Q^T and dP^T = V dO^T together, dV += P^T dO, dK += dS^T Q
+    _bwd    keys kept, Q/dO ringed: S^T = K Q^T and dP^T = V dO^T together, dV += P^T dO, dK += dS^T Q (DQ = 0)
     _dq     queries kept, K/V ringed: S = Q K^T and dP = dO V^T together, dQ += dS K (recomputed: no workspace)
-    _bwd    (Tiles.hopper_bwd_fused) _dkdv and _dq in one: dS^T goes to shared memory and dS K of each query tile
-            is added to a float32 dQ by atomic adds in a fixed order: warpgroup c of the tile's contributors (key
-            blocks in order) spins on the tile's counter until it reads 128 c, adds, and each thread adds 1 with
-            release semantics. Programs start in grid order, so the one waited for is resident or done.
-            PAIR_SUM (hopper_bwd_fused=2): the two warpgroups put their dQ tiles in shared memory and each adds
-            half the rows of the sum (4 bytes of reduction per score instead of 8), four columns per instruction.
+    _bwd with DQ = 1 or 2 (Tiles.hopper_bwd_fused): both in one kernel: dS^T goes to shared memory and dS K of each
+            query tile is added to a float32 dQ by atomic adds in a fixed order: warpgroup c of the tile's
+            contributors (key blocks in order) spins on the tile's counter until it reads 128 c, adds, and each
+            thread adds 1 with release semantics. Programs start in grid order, so the one waited for is resident
+            or done. DQ = 2: the two warpgroups put their dQ tiles in shared memory and each adds half the rows of
+            the sum (4 bytes of reduction per score instead of 8), four columns per instruction.
 Every output row is written by one program (or, _bwd's dQ, summed in a fixed order), so o and the gradients repeat
 bit for bit.
 
@@ -144,16 +144,23 @@ def _alloc_kept(desc):
 
 
 @gluon.jit
-def alloc_ring(desc, NS: gl.constexpr, CONSUMERS: gl.constexpr = 2):
-    """Two rings [NS, *block] of ``desc`` (K and V, or Q and dO) with 'ready' and 'empty' mbarriers per slot; a
-    slot is empty once all CONSUMERS have arrived."""
-    a = gl.allocate_shared_memory(desc.dtype, [NS] + desc.block_type.shape, desc.layout)
-    b = gl.allocate_shared_memory(desc.dtype, [NS] + desc.block_type.shape, desc.layout)
+def ring_barriers(NS: gl.constexpr, CONSUMERS: gl.constexpr):
+    """'ready' and 'empty' mbarriers [NS, 1] of a ring: a slot is ready once its bytes landed (the producer's
+    expect), empty once all CONSUMERS have arrived."""
     ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NS):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=CONSUMERS)
+    return ready, empty
+
+
+@gluon.jit
+def alloc_ring(desc, NS: gl.constexpr, CONSUMERS: gl.constexpr = 2):
+    """Two rings [NS, *block] of ``desc`` (K and V, or Q and dO) with their ring_barriers."""
+    a = gl.allocate_shared_memory(desc.dtype, [NS] + desc.block_type.shape, desc.layout)
+    b = gl.allocate_shared_memory(desc.dtype, [NS] + desc.block_type.shape, desc.layout)
+    ready, empty = ring_barriers(NS, CONSUMERS)
     return a, b, ready, empty
 
 
@@ -252,84 +259,8 @@ def _fwd(q_desc, k_desc, v_desc, o_ptr, cu_q, cu_k, order, bias_ptr, sb_s, sb_h,
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# backward: dK and dV per key block
-
-
-@gluon.jit
-def _dkdv_tile(dk, dv, k_smem, v_smem, q_slot, do_slot, m0, len_q, mul, add, scale, BN: gl.constexpr,
-               BM: gl.constexpr, st_layout: gl.constexpr, acc_layout: gl.constexpr, TANH: gl.constexpr,
-               MASKED: gl.constexpr):
-    """dk, dv [BN, D] + the contributions of the query tile [m0, m0 + BM) (MASKED: queries >= Lq give none)."""
-    op_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    st = warpgroup_mma(k_smem, q_slot.permute((1, 0)), gl.zeros([BN, BM], gl.float32, st_layout), use_acc=False,
-                       is_async=True)
-    dpt = warpgroup_mma(v_smem, do_slot.permute((1, 0)), gl.zeros([BN, BM], gl.float32, st_layout), use_acc=False,
-                        is_async=True)
-    st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
-    pt = _sigmoid(st * mul + add, TANH)                                                      # [BN, BM]
-    if MASKED:
-        pt = _below(pt, m0, len_q, 1, st_layout, BM)
-    dst = dpt * pt * (1.0 - pt) * scale
-    dv = warpgroup_mma(gl.convert_layout(pt.to(q_slot.dtype), op_a), do_slot, dv, is_async=True)
-    dk = warpgroup_mma(gl.convert_layout(dst.to(q_slot.dtype), op_a), q_slot, dk, is_async=True)
-    return warpgroup_mma_wait(0, deps=(dk, dv))
-
-
-@gluon.jit
-def _dkdv_consumer(k_kept, v_kept, bar_kept, q_ring, do_ring, ready, empty, k_desc, v_desc, dk_ptr, dv_ptr, cu_q,
-                   cu_k, order, bias_ptr, sb_s, sb_h, bias_value, H, scale, BM: gl.constexpr, NS: gl.constexpr,
-                   BIAS_KIND: gl.constexpr, TANH: gl.constexpr, WG: gl.constexpr):
-    """Consumer WG: dK, dV of its BN keys over every query tile of the sequence."""
-    BN: gl.constexpr = k_desc.block_type.shape[0]
-    D: gl.constexpr = k_desc.block_type.shape[1]
-    st_layout: gl.constexpr = mma_layout(BM, 4)
-    acc_layout: gl.constexpr = mma_layout(D, 4)
-    seq, start_q, len_q, start_k, len_k, h, n0 = _sequence(cu_q, cu_k, order, BN, WG)
-    k_smem = k_kept.index(WG)
-    v_smem = v_kept.index(WG)
-    if n0 - WG * BN < len_k:
-        _load_kept(k_desc, v_desc, start_k + n0, h * D, k_smem, v_smem, bar_kept.index(WG))
-        mul, add = _coefficients(seq, h, len_k, bias_ptr, sb_s, sb_h, bias_value, scale, BIAS_KIND, TANH)
-        dk = gl.zeros([BN, D], gl.float32, acc_layout)
-        dv = gl.zeros([BN, D], gl.float32, acc_layout)
-        n_tiles = _ring_tiles(len_q, BM)
-        for t in range(n_tiles - 1):
-            slot = t % NS
-            mbarrier.wait(ready.index(slot), (t // NS) & 1)
-            dk, dv = _dkdv_tile(dk, dv, k_smem, v_smem, q_ring.index(slot), do_ring.index(slot), t * BM, len_q,
-                                mul, add, scale, BN, BM, st_layout, acc_layout, TANH, False)
-            mbarrier.arrive(empty.index(slot))
-        last = n_tiles - 1
-        mbarrier.wait(ready.index(last % NS), (last // NS) & 1)
-        dk, dv = _dkdv_tile(dk, dv, k_smem, v_smem, q_ring.index(last % NS), do_ring.index(last % NS), last * BM,
-                            len_q, mul, add, scale, BN, BM, st_layout, acc_layout, TANH, True)
-        mbarrier.arrive(empty.index(last % NS))
-        _store_rows(dk_ptr, dk, start_k, len_k, n0, h, H, BN, D, acc_layout)
-        _store_rows(dv_ptr, dv, start_k, len_k, n0, h, H, BN, D, acc_layout)
-
-
-@gluon.jit
-def _dkdv(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, cu_q, cu_k, order, bias_ptr, sb_s, sb_h, bias_value, H,
-          scale, NS: gl.constexpr, BIAS_KIND: gl.constexpr, TANH: gl.constexpr):
-    BM: gl.constexpr = q_desc.block_type.shape[0]
-    BN: gl.constexpr = k_desc.block_type.shape[0]
-    k_kept = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape, k_desc.layout)
-    v_kept = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape, k_desc.layout)
-    bar_kept = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for w in gl.static_range(2):
-        mbarrier.init(bar_kept.index(w), count=1)
-    q_ring, do_ring, ready, empty = alloc_ring(q_desc, NS)
-    gl.warp_specialize([
-        (_dkdv_consumer, (k_kept, v_kept, bar_kept, q_ring, do_ring, ready, empty, k_desc, v_desc, dk_ptr, dv_ptr,
-                          cu_q, cu_k, order, bias_ptr, sb_s, sb_h, bias_value, H, scale, BM, NS, BIAS_KIND, TANH, 0)),
-        (_dkdv_consumer, (k_kept, v_kept, bar_kept, q_ring, do_ring, ready, empty, k_desc, v_desc, dk_ptr, dv_ptr,
-                          cu_q, cu_k, order, bias_ptr, sb_s, sb_h, bias_value, H, scale, BM, NS, BIAS_KIND, TANH, 1)),
-        (_producer, (q_desc, do_desc, q_ring, do_ring, ready, empty, cu_q, cu_k, order, BN, False, NS)),
-    ], [4, 1], [240, 24])
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# backward in one kernel: dK, dV per key block, dQ added over the key blocks in a fixed order
+# backward: dK and dV per key block (DQ = 0), and in the one-kernel backward (DQ = 1, 2) dQ added over the key
+# blocks in a fixed order
 
 
 @gluon.jit
@@ -377,7 +308,7 @@ def _add_quads(ptrs, values, keep):
 @gluon.jit
 def _add_pair_sum(dq, part, parts, parts_ready, parts_free, t, m0, len_q, dq_acc, D: gl.constexpr, COLS: gl.constexpr,
                   WG: gl.constexpr, LAST_PART: gl.constexpr, MASKED: gl.constexpr):
-    """PAIR_SUM: this warpgroup's dQ columns [part COLS, (part + 1) COLS) into its shared [BM, D] buffer; after the
+    """DQ = 2: this warpgroup's dQ columns [part COLS, (part + 1) COLS) into its shared [BM, D] buffer; after the
     last part, once both warpgroups' buffers are full, add rows [WG BM / 2, (WG + 1) BM / 2) of their sum (in the
     order warpgroup 0 + warpgroup 1) to dQ, four columns per instruction."""
     if part == 0:
@@ -403,27 +334,41 @@ def _add_pair_sum(dq, part, parts, parts_ready, parts_free, t, m0, len_q, dq_acc
 def _bwd_tile(dk, dv, k_smem, v_smem, ds_smem, q_slot, do_slot, dq_acc, lock_ptr, expected, count, n0, len_k, m0,
               len_q, mul, add, scale, BN: gl.constexpr, BM: gl.constexpr, st_layout: gl.constexpr,
               acc_layout: gl.constexpr, TANH: gl.constexpr, MASKED: gl.constexpr, parts, parts_ready, parts_free,
-              t, WG: gl.constexpr, PAIR_SUM: gl.constexpr, PARTS: gl.constexpr = 4):
-    """dk, dv [BN, D] + the query tile [m0, m0 + BM)'s contributions; its dQ contribution dS K [BM, D] added to the
-    float32 rows dq_acc + m0 * D once the previous contributor to the tile has passed the turn, in PARTS products
-    of D / PARTS columns (one [BM, D] accumulator beside dK and dV spills)."""
-    D: gl.constexpr = k_smem.shape[1]
+              t, WG: gl.constexpr, DQ: gl.constexpr, PARTS: gl.constexpr = 4):
+    """dk, dv [BN, D] + the query tile [m0, m0 + BM)'s contributions (MASKED: queries >= Lq give none); DQ > 0:
+    its dQ contribution dS K [BM, D] added to the float32 rows dq_acc + m0 * D once the previous contributor to the
+    tile has passed the turn, in PARTS products of D / PARTS columns (one [BM, D] accumulator beside dK and dV
+    spills); DQ = 2 through the two warpgroups' sum (_add_pair_sum)."""
     op_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     st = warpgroup_mma(k_smem, q_slot.permute((1, 0)), gl.zeros([BN, BM], gl.float32, st_layout), use_acc=False,
                        is_async=True)
     dpt = warpgroup_mma(v_smem, do_slot.permute((1, 0)), gl.zeros([BN, BM], gl.float32, st_layout), use_acc=False,
                         is_async=True)
-    _wait_turn(lock_ptr, expected)                                           # while the two products run
+    if DQ:
+        _wait_turn(lock_ptr, expected)                                       # while the two products run
     st, dpt = warpgroup_mma_wait(0, deps=(st, dpt))
     pt = _sigmoid(st * mul + add, TANH)                                                      # [BN, BM]
     if MASKED:
         pt = _below(pt, m0, len_q, 1, st_layout, BM)
-    dst = _below(dpt * pt * (1.0 - pt) * scale, n0, len_k, 0, st_layout, BN).to(q_slot.dtype)
-    ds_smem.store(dst)
-    fence_async_shared()
+    dst = dpt * pt * (1.0 - pt) * scale
+    if DQ:                                  # keys past the sequence add nothing to dQ (their dK rows are not stored)
+        dst = _below(dst, n0, len_k, 0, st_layout, BN).to(q_slot.dtype)
+        ds_smem.store(dst)
+        fence_async_shared()
     dv = warpgroup_mma(gl.convert_layout(pt.to(q_slot.dtype), op_a), do_slot, dv, is_async=True)
-    dk = warpgroup_mma(gl.convert_layout(dst, op_a), q_slot, dk, is_async=True)
+    dk = warpgroup_mma(gl.convert_layout(dst.to(q_slot.dtype), op_a), q_slot, dk, is_async=True)
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
+    if DQ:
+        _dq_contribution(k_smem, ds_smem, dq_acc, lock_ptr, count, m0, len_q, BM, MASKED, parts, parts_ready,
+                         parts_free, t, WG, DQ, PARTS)
+    return dk, dv
+
+
+@gluon.jit
+def _dq_contribution(k_smem, ds_smem, dq_acc, lock_ptr, count, m0, len_q, BM: gl.constexpr, MASKED: gl.constexpr,
+                     parts, parts_ready, parts_free, t, WG: gl.constexpr, DQ: gl.constexpr, PARTS: gl.constexpr):
+    """dS K of the query tile (dS^T in ds_smem) added to dQ, then the turn passed (see _bwd_tile)."""
+    D: gl.constexpr = k_smem.shape[1]
     COLS: gl.constexpr = D // PARTS
     part_layout: gl.constexpr = mma_layout(COLS, 4)
     rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, part_layout))
@@ -432,7 +377,7 @@ def _bwd_tile(dk, dv, k_smem, v_smem, ds_smem, q_slot, do_slot, dq_acc, lock_ptr
         dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem.slice(part * COLS, COLS, dim=1),
                            gl.zeros([BM, COLS], gl.float32, part_layout), use_acc=False, is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
-        if PAIR_SUM:
+        if DQ == 2:
             _add_pair_sum(dq, part, parts, parts_ready, parts_free, t, m0, len_q, dq_acc, D, COLS, WG,
                           part == PARTS - 1, MASKED)
         else:
@@ -442,18 +387,18 @@ def _bwd_tile(dk, dv, k_smem, v_smem, ds_smem, q_slot, do_slot, dq_acc, lock_ptr
             else:
                 _add_pairs(ptrs, dq, gl.full([BM, COLS], 1, gl.int1, part_layout))
     _pass_turn(lock_ptr, count)
-    return dk, dv
 
 
 @gluon.jit
 def _bwd_consumer(k_kept, v_kept, ds_kept, bar_kept, q_ring, do_ring, ready, empty, k_desc, v_desc, dk_ptr, dv_ptr,
                   dq_acc, locks, total_q, n_q_tiles, cu_q, cu_k, order, bias_ptr, sb_s, sb_h, bias_value, H, scale,
                   parts, parts_ready, parts_free, BM: gl.constexpr, NS: gl.constexpr, BIAS_KIND: gl.constexpr,
-                  TANH: gl.constexpr, PAIR_SUM: gl.constexpr, WG: gl.constexpr):
-    """Consumer WG: dK, dV of its BN keys over every query tile of the sequence, and their dQ contributions: this
-    warpgroup is contributor c = 2 program + WG of each query tile, which waits until the counter of the tile
-    reads 128 c (every thread of contributors 0 .. c - 1 has added its rows and passed the turn). PAIR_SUM: the
-    program is contributor c = program (both warpgroups add half the rows of their sum; the counter reads 256 c)."""
+                  TANH: gl.constexpr, DQ: gl.constexpr, WG: gl.constexpr):
+    """Consumer WG: dK, dV of its BN keys over every query tile of the sequence, and (DQ = 1) their dQ
+    contributions: this warpgroup is contributor c = 2 program + WG of each query tile, which waits until the
+    counter of the tile reads 128 c (every thread of contributors 0 .. c - 1 has added its rows and passed the
+    turn). DQ = 2: the program is contributor c = program (both warpgroups add half the rows of their sum; the
+    counter reads 256 c)."""
     BN: gl.constexpr = k_desc.block_type.shape[0]
     D: gl.constexpr = k_desc.block_type.shape[1]
     st_layout: gl.constexpr = mma_layout(BM, 4)
@@ -465,7 +410,7 @@ def _bwd_consumer(k_kept, v_kept, ds_kept, bar_kept, q_ring, do_ring, ready, emp
     if n0 - WG * BN < len_k:
         _load_kept(k_desc, v_desc, start_k + n0, h * D, k_smem, v_smem, bar_kept.index(WG))
         mul, add = _coefficients(seq, h, len_k, bias_ptr, sb_s, sb_h, bias_value, scale, BIAS_KIND, TANH)
-        if PAIR_SUM:
+        if DQ == 2:
             count = 1
             expected = gl.program_id(0) * 256
         else:
@@ -481,14 +426,13 @@ def _bwd_consumer(k_kept, v_kept, ds_kept, bar_kept, q_ring, do_ring, ready, emp
             mbarrier.wait(ready.index(slot), (t // NS) & 1)
             dk, dv = _bwd_tile(dk, dv, k_smem, v_smem, ds_smem, q_ring.index(slot), do_ring.index(slot), dq_rows,
                                lock_row + t, expected, count, n0, len_k, t * BM, len_q, mul, add, scale, BN, BM,
-                               st_layout, acc_layout, TANH, False, parts, parts_ready, parts_free, t, WG, PAIR_SUM)
+                               st_layout, acc_layout, TANH, False, parts, parts_ready, parts_free, t, WG, DQ)
             mbarrier.arrive(empty.index(slot))
         last = n_tiles - 1
         mbarrier.wait(ready.index(last % NS), (last // NS) & 1)
         dk, dv = _bwd_tile(dk, dv, k_smem, v_smem, ds_smem, q_ring.index(last % NS), do_ring.index(last % NS),
                            dq_rows, lock_row + last, expected, count, n0, len_k, last * BM, len_q, mul, add, scale,
-                           BN, BM, st_layout, acc_layout, TANH, True, parts, parts_ready, parts_free, last, WG,
-                           PAIR_SUM)
+                           BN, BM, st_layout, acc_layout, TANH, True, parts, parts_ready, parts_free, last, WG, DQ)
         mbarrier.arrive(empty.index(last % NS))
         _store_rows(dk_ptr, dk, start_k, len_k, n0, h, H, BN, D, acc_layout)
         _store_rows(dv_ptr, dv, start_k, len_k, n0, h, H, BN, D, acc_layout)
@@ -497,11 +441,13 @@ def _bwd_consumer(k_kept, v_kept, ds_kept, bar_kept, q_ring, do_ring, ready, emp
 @gluon.jit
 def _bwd(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, dq_acc, locks, total_q, n_q_tiles, cu_q, cu_k, order,
          bias_ptr, sb_s, sb_h, bias_value, H, scale, NS: gl.constexpr, BIAS_KIND: gl.constexpr, TANH: gl.constexpr,
-         PAIR_SUM: gl.constexpr = False):
+         DQ: gl.constexpr):
+    """dK, dV (DQ = 0: the two-kernel backward's first; dq_acc, locks, total_q and n_q_tiles unused) and, DQ = 1
+    or 2, the float32 dQ [H, tokens, D] from zeros (locks: zeros [sequences, H, n_q_tiles])."""
     BM: gl.constexpr = q_desc.block_type.shape[0]
     BN: gl.constexpr = k_desc.block_type.shape[0]
     D: gl.constexpr = k_desc.block_type.shape[1]
-    parts = gl.allocate_shared_memory(gl.float32, [2 if PAIR_SUM else 1, BM, D if PAIR_SUM else 4],
+    parts = gl.allocate_shared_memory(gl.float32, [2 if DQ == 2 else 1, BM, D if DQ == 2 else 4],
                                       gl.SwizzledSharedLayout(2, 1, 8, [1, 0]))
     parts_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     parts_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -509,8 +455,9 @@ def _bwd(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, dq_acc, locks, total_q
     mbarrier.init(parts_free, count=2)
     k_kept = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape, k_desc.layout)
     v_kept = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape, k_desc.layout)
-    ds_kept = gl.allocate_shared_memory(k_desc.dtype, [2, BN, BM],
-                                        gl.NVMMASharedLayout.get_default_for([BN, BM], k_desc.dtype))
+    ds_kept = gl.allocate_shared_memory(k_desc.dtype, [2, BN, BM] if DQ else [2, 8, 8],
+                                        gl.NVMMASharedLayout.get_default_for([BN, BM] if DQ else [8, 8],
+                                                                             k_desc.dtype))
     bar_kept = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for w in gl.static_range(2):
         mbarrier.init(bar_kept.index(w), count=1)
@@ -518,12 +465,10 @@ def _bwd(q_desc, k_desc, v_desc, do_desc, dk_ptr, dv_ptr, dq_acc, locks, total_q
     gl.warp_specialize([
         (_bwd_consumer, (k_kept, v_kept, ds_kept, bar_kept, q_ring, do_ring, ready, empty, k_desc, v_desc, dk_ptr,
                          dv_ptr, dq_acc, locks, total_q, n_q_tiles, cu_q, cu_k, order, bias_ptr, sb_s, sb_h,
-                         bias_value, H, scale, parts, parts_ready, parts_free, BM, NS, BIAS_KIND, TANH, PAIR_SUM,
-                         0)),
+                         bias_value, H, scale, parts, parts_ready, parts_free, BM, NS, BIAS_KIND, TANH, DQ, 0)),
         (_bwd_consumer, (k_kept, v_kept, ds_kept, bar_kept, q_ring, do_ring, ready, empty, k_desc, v_desc, dk_ptr,
                          dv_ptr, dq_acc, locks, total_q, n_q_tiles, cu_q, cu_k, order, bias_ptr, sb_s, sb_h,
-                         bias_value, H, scale, parts, parts_ready, parts_free, BM, NS, BIAS_KIND, TANH, PAIR_SUM,
-                         1)),
+                         bias_value, H, scale, parts, parts_ready, parts_free, BM, NS, BIAS_KIND, TANH, DQ, 1)),
         (_producer, (q_desc, do_desc, q_ring, do_ring, ready, empty, cu_q, cu_k, order, BN, False, NS)),
     ], [4, 1], [240, 24])
 
@@ -676,8 +621,9 @@ def forward(q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: int, sc
 
 def backward(do, q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: int, scale: float,
              bias_value: float | None, tiles) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv (the inputs' shapes, contiguous) by _dkdv, then _dq; or (Tiles.hopper_bwd_fused 1, or 2 with the
-    two warpgroups' dQ tiles summed first) by _bwd into a float32 dq [H, tokens, D], cast after."""
+    """dq, dk, dv (the inputs' shapes, contiguous) by _bwd (DQ = 0: dk, dv), then _dq; or (Tiles.hopper_bwd_fused
+    1, or 2 with the two warpgroups' dQ tiles summed first) by _bwd alone into a float32 dq [H, tokens, D], cast
+    after."""
     dq = allocate(q.shape, q.dtype, q.device)
     dk = allocate(k.shape, k.dtype, k.device)
     dv = allocate(v.shape, v.dtype, v.device)
@@ -687,18 +633,19 @@ def backward(do, q, k, v, seq_q, seq_k, bias, layout: str, max_q: int, max_k: in
     H, n_seq = q.shape[-2], order.numel()
     q_desc, k_desc, v_desc, do_desc = (_descriptor(t, block) for t in (q, k, v, do))
     flags = dict(NS=tiles.hopper_bwd_stages, BIAS_KIND=kind, TANH=tiles.sigmoid == "tanh", num_warps=NUM_WARPS)
+    grid = _grid(max_k, block, H, n_seq)
     if tiles.hopper_bwd_fused:
         D = q.shape[-1]
         total_q = q.numel() // (H * D)
         n_q_tiles = max(triton.cdiv(max_q, block), 1)
         dq_acc = torch.zeros(H, total_q, D, dtype=torch.float32, device=q.device)
         locks = torch.zeros(n_seq * H * n_q_tiles, dtype=torch.int32, device=q.device)
-        launch(_bwd, _grid(max_k, block, H, n_seq), q_desc, k_desc, v_desc, do_desc, dk, dv, dq_acc, locks, total_q,
-               n_q_tiles, cu_q, cu_k, order, *bias_args, H, scale, PAIR_SUM=tiles.hopper_bwd_fused == 2, **flags)
+        launch(_bwd, grid, q_desc, k_desc, v_desc, do_desc, dk, dv, dq_acc, locks, total_q, n_q_tiles, cu_q, cu_k,
+               order, *bias_args, H, scale, DQ=tiles.hopper_bwd_fused, **flags)
         dq.view(total_q, H, D).copy_(dq_acc.transpose(0, 1))
         return dq, dk, dv
-    launch(_dkdv, _grid(max_k, block, H, n_seq), q_desc, k_desc, v_desc, do_desc, dk, dv, cu_q, cu_k, order,
-           *bias_args, H, scale, **flags)
+    launch(_bwd, grid, q_desc, k_desc, v_desc, do_desc, dk, dv, dk, order, 0, 1, cu_q, cu_k, order, *bias_args, H,
+           scale, DQ=0, **flags)
     launch(_dq, _grid(max_q, block, H, n_seq), q_desc, k_desc, v_desc, do_desc, dq, cu_q, cu_k, order, *bias_args,
            H, scale, **flags)
     return dq, dk, dv

@@ -32,12 +32,13 @@ from dataclasses import dataclass
 import torch
 import triton
 from gluon_common import alloc_tile, compile_sm90, shared_layout
+from gluon_tri_attn_fwd import _pair_coords
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from mini_of3.kernels.sigmoid_attention_hopper import _load_kept, mma_layout
+from mini_of3.kernels.sigmoid_attention_hopper import _load_kept, mma_layout, ring_barriers
 
 LOG2E = 1.4426950408889634
 HEAD_D = 32
@@ -71,14 +72,6 @@ def _store_rows(ptr, value, first, n0, J, BN: gl.constexpr, D: gl.constexpr, lay
     cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
     gl.store(ptr + (first + rows[:, None]).to(gl.int64) * D + cols[None, :], value.to(gl.bfloat16),
              mask=rows[:, None] < J)
-
-
-@gluon.jit
-def _pair_coords(I, H):
-    """-> (bih of the pair's first row, (b, h) index): program_id(1) = (b * I / 2 + i / 2) * H + h."""
-    pair = gl.program_id(1)
-    h = pair % H
-    return 2 * pair - h, pair // ((I // 2) * H) * H + h
 
 
 @gluon.jit
@@ -156,11 +149,7 @@ def dkdv(q_desc, k_desc, v_desc, do_desc, b_desc, lse_ptr, delta_ptr, dk_ptr, dv
     q_ring = gl.allocate_shared_memory(q_desc.dtype, [NS * rows] + q_desc.block_type.shape, q_desc.layout)
     do_ring = gl.allocate_shared_memory(do_desc.dtype, [NS * rows] + do_desc.block_type.shape, do_desc.layout)
     b_ring = gl.allocate_shared_memory(b_desc.dtype, [NS] + b_desc.block_type.shape, b_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(NS):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2)
+    ready, empty = ring_barriers(NS, 2)
     gl.warp_specialize([
         (_consumer, (k0, v0, bar0, q_ring, do_ring, b_ring, ready, empty, k_desc, v_desc, lse_ptr, delta_ptr,
                      dk_ptr, dv_ptr, J, I, H, qk_scale, scale, BM, NS, ROWS2, 0)),

@@ -45,7 +45,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from mini_of3.kernels.sigmoid_attention_hopper import alloc_ring, mma_layout
+from mini_of3.kernels.sigmoid_attention_hopper import alloc_ring, mma_layout, ring_barriers
 
 LOG2E = 1.4426950408889634
 HEAD_D = 32
@@ -320,38 +320,57 @@ def _softmax_tile(s, b_slot, n0, J, qk_scale, m_i, l_i, acc, BM: gl.constexpr, B
 
 
 @gluon.jit
+def _pair_coords(I, H):
+    """-> (rows bih of the pair's first row, its (b, h) index): program_id(1) = (b * I / 2 + i / 2) * H + h."""
+    pair = gl.program_id(1)
+    h = pair % H
+    return 2 * pair - h, pair // ((I // 2) * H) * H + h
+
+
+@gluon.jit
 def _overlap_consumer(q_smem, q_bar, k_ring, v_ring, b_ring, ready, empty, o_ptr, J, I, H, qk_scale, q_desc,
-                      BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, NS: gl.constexpr, WG: gl.constexpr):
+                      BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, NS: gl.constexpr, WG: gl.constexpr,
+                      ROWS2: gl.constexpr = False):
     """Consumer warpgroup WG of 2: S of key tile t + 1 goes to the tensor cores before the softmax of tile t (as the
-    shipped sigmoid forward); the last tile is masked after the loop."""
+    shipped sigmoid forward); the last tile is masked after the loop. Kernel 4: the WG-th BM queries of one row,
+    its half of the [2 BM, BN] bias tile; ROWS2 (kernel 5): the BM queries at m0 of row i + WG, K and V in ring
+    slots 2 s + WG, the whole bias tile."""
     s_layout: gl.constexpr = mma_layout(BN, 4)
     o_layout: gl.constexpr = mma_layout(D, 4)
-    bih, m0, q_row, bias_off = _tile_coords(J, I, H, BM, 2, WG)
+    RING: gl.constexpr = 2 if ROWS2 else 1                  # ring slots per stage; this warpgroup's: RING s + OWN
+    OWN: gl.constexpr = WG if ROWS2 else 0
+    BIAS_HALF: gl.constexpr = 0 if ROWS2 else WG
+    if ROWS2:
+        bih0, bh = _pair_coords(I, H)
+        m0 = gl.program_id(0) * BM
+        q_row = (bih0 + WG * H) * J
+    else:
+        bih, m0, q_row, bias_off = _tile_coords(J, I, H, BM, 2, WG)
     load_tile(q_desc, q_row + m0, 0, q_smem, q_bar)
     m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BM, D], gl.float32, o_layout)
     n_tiles = gl.cdiv(J, BN)
     mbarrier.wait(ready.index(0), 0)
-    s = warpgroup_mma(q_smem, k_ring.index(0).permute((1, 0)), gl.zeros([BM, BN], gl.float32, s_layout),
+    s = warpgroup_mma(q_smem, k_ring.index(OWN).permute((1, 0)), gl.zeros([BM, BN], gl.float32, s_layout),
                       use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s, ))
     for t in range(n_tiles - 1):
         slot = t % NS
         nxt = (t + 1) % NS
         mbarrier.wait(ready.index(nxt), ((t + 1) // NS) & 1)
-        s_next = warpgroup_mma(q_smem, k_ring.index(nxt).permute((1, 0)), gl.zeros([BM, BN], gl.float32, s_layout),
-                               use_acc=False, is_async=True)
-        p, m_i, l_i, acc = _softmax_tile(s, b_ring.index(slot), t * BN, J, qk_scale, m_i, l_i, acc, BM, BN, WG,
+        s_next = warpgroup_mma(q_smem, k_ring.index(nxt * RING + OWN).permute((1, 0)),
+                               gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
+        p, m_i, l_i, acc = _softmax_tile(s, b_ring.index(slot), t * BN, J, qk_scale, m_i, l_i, acc, BM, BN, BIAS_HALF,
                                          s_layout, o_layout, False)
         p_op = gl.convert_layout(p, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
-        acc = warpgroup_mma(p_op, v_ring.index(slot), acc, is_async=True)
+        acc = warpgroup_mma(p_op, v_ring.index(slot * RING + OWN), acc, is_async=True)
         s, acc = warpgroup_mma_wait(0, deps=(s_next, acc))
         mbarrier.arrive(empty.index(slot))
     last = n_tiles - 1
-    p, m_i, l_i, acc = _softmax_tile(s, b_ring.index(last % NS), last * BN, J, qk_scale, m_i, l_i, acc, BM, BN, WG,
-                                     s_layout, o_layout, True)
-    acc = _pv(p, v_ring.index(last % NS), acc, o_layout)
+    p, m_i, l_i, acc = _softmax_tile(s, b_ring.index(last % NS), last * BN, J, qk_scale, m_i, l_i, acc, BM, BN,
+                                     BIAS_HALF, s_layout, o_layout, True)
+    acc = _pv(p, v_ring.index((last % NS) * RING + OWN), acc, o_layout)
     mbarrier.arrive(empty.index(last % NS))
     _store_o(o_ptr, acc, l_i, q_row, m0, J, BM, D, o_layout)
 
@@ -381,14 +400,6 @@ def attn_fwd_ws2_overlap(q_desc, k_desc, v_desc, b_desc, o_ptr, J, I, H, qk_scal
 
 
 @gluon.jit
-def _pair_coords(I, H):
-    """-> (rows bih of the pair's first row, its (b, h) index): program_id(1) = (b * I / 2 + i / 2) * H + h."""
-    pair = gl.program_id(1)
-    h = pair % H
-    return 2 * pair - h, pair // ((I // 2) * H) * H + h
-
-
-@gluon.jit
 def _rows2_producer(k_desc, v_desc, b_desc, k_ring, v_ring, b_ring, ready, empty, J, I, H, BM: gl.constexpr,
                     BN: gl.constexpr, NS: gl.constexpr):
     """One warp: per key tile, K and V of both rows (ring slots [2, BN, D]) and the one [BM, BN] bias tile."""
@@ -407,45 +418,6 @@ def _rows2_producer(k_desc, v_desc, b_desc, k_ring, v_ring, b_ring, ready, empty
 
 
 @gluon.jit
-def _rows2_consumer(q_smem, q_bar, k_ring, v_ring, b_ring, ready, empty, o_ptr, J, I, H, qk_scale, q_desc,
-                    BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, NS: gl.constexpr, WG: gl.constexpr):
-    """Consumer warpgroup WG: the BM queries at m0 of row bih0 + WG H, with the overlap of kernel 4; the bias tile
-    of the slot is the other warpgroup's too."""
-    s_layout: gl.constexpr = mma_layout(BN, 4)
-    o_layout: gl.constexpr = mma_layout(D, 4)
-    bih0, bh = _pair_coords(I, H)
-    m0 = gl.program_id(0) * BM
-    q_row = (bih0 + WG * H) * J
-    load_tile(q_desc, q_row + m0, 0, q_smem, q_bar)
-    m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([BM, D], gl.float32, o_layout)
-    n_tiles = gl.cdiv(J, BN)
-    mbarrier.wait(ready.index(0), 0)
-    s = warpgroup_mma(q_smem, k_ring.index(WG).permute((1, 0)), gl.zeros([BM, BN], gl.float32, s_layout),
-                      use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(0, deps=(s, ))
-    for t in range(n_tiles - 1):
-        slot = t % NS
-        nxt = (t + 1) % NS
-        mbarrier.wait(ready.index(nxt), ((t + 1) // NS) & 1)
-        s_next = warpgroup_mma(q_smem, k_ring.index(nxt * 2 + WG).permute((1, 0)),
-                               gl.zeros([BM, BN], gl.float32, s_layout), use_acc=False, is_async=True)
-        p, m_i, l_i, acc = _softmax_tile(s, b_ring.index(slot), t * BN, J, qk_scale, m_i, l_i, acc, BM, BN, 0,
-                                         s_layout, o_layout, False)
-        p_op = gl.convert_layout(p, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
-        acc = warpgroup_mma(p_op, v_ring.index(slot * 2 + WG), acc, is_async=True)
-        s, acc = warpgroup_mma_wait(0, deps=(s_next, acc))
-        mbarrier.arrive(empty.index(slot))
-    last = n_tiles - 1
-    p, m_i, l_i, acc = _softmax_tile(s, b_ring.index(last % NS), last * BN, J, qk_scale, m_i, l_i, acc, BM, BN, 0,
-                                     s_layout, o_layout, True)
-    acc = _pv(p, v_ring.index((last % NS) * 2 + WG), acc, o_layout)
-    mbarrier.arrive(empty.index(last % NS))
-    _store_o(o_ptr, acc, l_i, q_row, m0, J, BM, D, o_layout)
-
-
-@gluon.jit
 def attn_fwd_rows2(q_desc, k_desc, v_desc, b_desc, o_ptr, J, I, H, qk_scale, NS: gl.constexpr,
                    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """Kernel 4 with the two consumer warpgroups on rows i and i + 1 (I even) of one (b, h) at the same BM queries:
@@ -458,16 +430,12 @@ def attn_fwd_rows2(q_desc, k_desc, v_desc, b_desc, o_ptr, J, I, H, qk_scale, NS:
     k_ring = gl.allocate_shared_memory(k_desc.dtype, [2 * NS] + k_desc.block_type.shape, k_desc.layout)
     v_ring = gl.allocate_shared_memory(v_desc.dtype, [2 * NS] + v_desc.block_type.shape, v_desc.layout)
     b_ring = gl.allocate_shared_memory(b_desc.dtype, [NS] + b_desc.block_type.shape, b_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(NS):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2)
+    ready, empty = ring_barriers(NS, 2)
     gl.warp_specialize([
-        (_rows2_consumer, (q0, bar0, k_ring, v_ring, b_ring, ready, empty, o_ptr, J, I, H, qk_scale, q_desc,
-                           BM, BN, D, NS, 0)),
-        (_rows2_consumer, (q1, bar1, k_ring, v_ring, b_ring, ready, empty, o_ptr, J, I, H, qk_scale, q_desc,
-                           BM, BN, D, NS, 1)),
+        (_overlap_consumer, (q0, bar0, k_ring, v_ring, b_ring, ready, empty, o_ptr, J, I, H, qk_scale, q_desc,
+                             BM, BN, D, NS, 0, True)),
+        (_overlap_consumer, (q1, bar1, k_ring, v_ring, b_ring, ready, empty, o_ptr, J, I, H, qk_scale, q_desc,
+                             BM, BN, D, NS, 1, True)),
         (_rows2_producer, (k_desc, v_desc, b_desc, k_ring, v_ring, b_ring, ready, empty, J, I, H, BM, BN, NS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 

@@ -26,7 +26,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from mini_of3.kernels.sigmoid_attention_hopper import mma_layout
+from mini_of3.kernels.sigmoid_attention_hopper import mma_layout, ring_barriers
 
 HEAD_D = 32
 NUM_WARPS = 4
@@ -121,13 +121,9 @@ def attn_fwd_model(q_desc, k_desc, v_desc, b_desc, o_ptr, J, I, H, qk_scale, NS:
     k_ring = gl.allocate_shared_memory(k_desc.dtype, [2 * NS] + k_desc.block_type.shape, k_desc.layout)
     v_ring = gl.allocate_shared_memory(v_desc.dtype, [2 * NS] + v_desc.block_type.shape, v_desc.layout)
     b_ring = gl.allocate_shared_memory(b_desc.dtype, [NS] + b_desc.block_type.shape, b_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NS, 1], mbarrier.MBarrierLayout())
+    ready, empty = ring_barriers(NS, 2)
     for w in gl.static_range(2):
         mbarrier.init(q_bars.index(w), count=1)
-    for s in gl.static_range(NS):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2)
     gl.warp_specialize([
         (_consumer, (q0, q_bars.index(0), k_ring, v_ring, b_ring, ready, empty, q_desc, o_ptr, J, I, H, qk_scale,
                      BN, NS, 0)),

@@ -192,26 +192,21 @@ def main() -> None:
         d = d if d in SH.HEAD_DIMS else 128
         t = DEFAULT_TILES[d]
         for variant in args.sigmoid.split(","):
-            for name, fn, ringed, kept, stages in (("fwd", SH._fwd, 128, 64, t.hopper_fwd_stages),
-                                                   ("fwd packed", SH._fwd, 64, 64, t.hopper_fwd_stages),
-                                                   ("dkdv", SH._dkdv, t.hopper_bwd_block, t.hopper_bwd_block,
-                                                    t.hopper_bwd_stages),
-                                                   ("dq", SH._dq, t.hopper_bwd_block, t.hopper_bwd_block,
-                                                    t.hopper_bwd_stages),
-                                                   ("bwd", SH._bwd, t.hopper_bwd_block, t.hopper_bwd_block,
-                                                    t.hopper_bwd_stages),
-                                                   ("bwd pairs", SH._bwd, t.hopper_bwd_block, t.hopper_bwd_block,
-                                                    t.hopper_bwd_stages)):
+            backward = (t.hopper_bwd_block, t.hopper_bwd_block, t.hopper_bwd_stages)
+            for name, fn, ringed, kept, stages, extra in (
+                    ("fwd", SH._fwd, 128, 64, t.hopper_fwd_stages, None),
+                    ("fwd packed", SH._fwd, 64, 64, t.hopper_fwd_stages, None),
+                    ("dkdv", SH._bwd, *backward, {"DQ": 0}), ("dq", SH._dq, *backward, None),
+                    ("bwd", SH._bwd, *backward, {"DQ": 1}), ("bwd pairs", SH._bwd, *backward, {"DQ": 2})):
                 jobs.append((f"hopper {name} {variant}", fn, dict(BLOCK_J=kept, BLOCK_K=ringed, ringed=ringed,
                                                                   kept=kept, stages=stages, tanh=variant == "tanh",
-                                                                  head_dim=d, extra={"PAIR_SUM": name.endswith(
-                                                                      "pairs")}), SH.NUM_WARPS, stages))
+                                                                  head_dim=d, extra=extra), SH.NUM_WARPS, stages))
     print(f"{'kernel':14s}{'BJ':>5s}{'BK':>5s}{'warps':>6s}{'stages':>7s}{'regs':>6s}{'CTA:reg':>8s}{':smem':>6s}"
           f"{'stack':>6s}{'LDL':>5s}{'STL':>5s}{'smem':>8s}  mma  {'MUFU':>5s}{'BRA':>5s}{'instr':>6s}")
     for name, fn, flags, warps, stages, *cap in jobs:   # cap: the launch's maxnreg, where it sets one
         if name.startswith("hopper"):
             compiled = compile_hopper(fn, flags["ringed"], flags["kept"], stages, "keys", flags["tanh"],
-                                      flags["head_dim"], flags["extra"] if fn is SH._bwd else None)
+                                      flags["head_dim"], flags["extra"])
         else:
             compiled = compile_kernel(fn, {k: v for k, v in flags.items() if k in fn.arg_names}, warps, stages,
                                       cap[0] if cap and cap[0] else args.maxnreg)
