@@ -36,7 +36,7 @@
 #           then bench sigmoid on the packed batch and T = 16384, D = 128 (MINI_OF3_SIGMOID_SHAPES): Gluon two-kernel and
 #           (if its tests passed)
 #           one-kernel backward, TritonSigmoid
-#   fusedquick  the one-kernel backward's GPU tests, then (if they pass) bench sigmoid: the Gluon kernels with the
+#   fusedquick  the Gluon kernels' GPU tests (the default path first), the one-kernel backward's, then (if they pass) bench sigmoid: the Gluon kernels with the
 #           two-kernel and the one-kernel backwards (hopper_bwd_fused=1 and 2) on the packed batch and T = 16384
 #           (no float64 check, no anchors),
 #           then tools/lab/sigmoid_kernels_gpu.py at B = 4, T = 4096 and on the packed batch
@@ -130,6 +130,7 @@ if [[ ,$steps, == *,fused,* ]]; then
     --impls mini_of3_tanh$FUSED,triton_sigmoid --out $OUT --tag fused_$MINI_OF3_COMMIT
 fi
 if [[ ,$steps, == *,fusedquick,* ]]; then
+  run_step hoppertwo 80 python3 -m pytest -q -rf tests/kernels/test_sigmoid_attention_gpu.py -k "hopper and not fused"
   run_step fusedtest 150 python3 -m pytest -q -rf tests/kernels/test_sigmoid_attention_gpu.py -k fused
   grep -q " passed" $OUT/fusedtest.log && ! grep -q "failed\|error" $OUT/fusedtest.log && \
     run_step fusedbench 90 python3 -m mini_of3.bench sigmoid --err-heads 0 --reps 10 \
